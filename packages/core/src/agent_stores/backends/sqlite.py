@@ -1,0 +1,349 @@
+"""``sqlite:///relative.db`` / ``sqlite:////absolute.db`` — the embedded default backend.
+
+One dedicated worker thread per store owns the ``sqlite3`` connection; every primitive
+(including a whole ``commit`` transaction) runs there as one function, so the event loop
+never blocks and a multi-statement transaction is never interleaved with another task's
+statement. (aiosqlite forwards single statements only, which is why it is not used.)
+
+Cross-process safety comes from SQLite itself: WAL mode, a busy timeout, and every
+conditional write being one ``INSERT … ON CONFLICT … WHERE`` / ``UPDATE … WHERE version``
+/ ``DELETE … WHERE version`` statement (or a ``BEGIN IMMEDIATE`` transaction for commit),
+so two processes doing CAS on one key never both win.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import BackendUnavailableError, ConfigError, ConflictError
+from ..kv.base import (
+    Check,
+    Clock,
+    Create,
+    Delete,
+    Entry,
+    KVCapabilities,
+    KVLimits,
+    KVStore,
+    Operation,
+    Replace,
+    ScanItem,
+    new_version,
+    prefix_upper_bound,
+)
+from ..url import StoreURL
+
+T = TypeVar("T")
+
+DEFAULT_MAX_VALUE_BYTES = 4 << 20
+DEFAULT_BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agent_stores_kv (
+    scope      TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      BLOB NOT NULL,
+    version    TEXT NOT NULL,
+    expires_at REAL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS agent_stores_kv_expiry ON agent_stores_kv (expires_at)
+    WHERE expires_at IS NOT NULL;
+"""
+
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+
+
+def _prefix_range(sql: str, params: list[Any], column: str, prefix: str) -> tuple[str, list[Any]]:
+    """Turn a prefix into a primary-key range (BINARY collation is byte order)."""
+    if not prefix:
+        return sql, params
+    sql += f" AND {column} >= ?"
+    params = [*params, prefix]
+    upper = prefix_upper_bound(prefix)
+    if upper is not None:
+        sql += f" AND {column} < ?"
+        params.append(upper)
+    return sql, params
+
+
+class SQLiteKV(KVStore):
+    """KV store in one SQLite file (WAL). Safe across tasks, threads and OS processes."""
+
+    backend_name = "sqlite"
+    capabilities = KVCapabilities(commit=True, shared_across_processes=True)
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(clock=clock)
+        self.path = str(path)
+        self.limits = KVLimits(max_value_bytes=max_value_bytes)
+        self._busy_timeout_ms = busy_timeout_ms
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    def from_url(cls, url: StoreURL, **options: Any) -> SQLiteKV:
+        """``sqlite:///rel.db`` (relative), ``sqlite:////abs.db`` (absolute); ``?max_value_bytes=&busy_timeout_ms=``."""
+        if url.host not in (None, "", "localhost"):
+            raise ConfigError(
+                detail=f"{url}: a SQLite URL has no host; use sqlite:///relative.db or sqlite:////absolute/path.db"
+            )
+        path = url.path[1:] if url.path.startswith("/") else url.path
+        if not path:
+            raise ConfigError(detail=f"{url}: missing file path, e.g. sqlite:///agent.db")
+        known = {"max_value_bytes", "busy_timeout_ms"}
+        unknown = {k for k, _ in url.query} - known
+        if unknown:
+            raise ConfigError(detail=f"sqlite:// does not understand query option(s) {sorted(unknown)}")
+        kwargs: dict[str, Any] = {}
+        for name in known:
+            raw = url.query_get(name)
+            if raw is not None:
+                if not raw.isdigit():
+                    raise ConfigError(detail=f"{name} must be a non-negative integer, got {raw!r}")
+                kwargs[name] = int(raw)
+        clock = options.get("clock")
+        return cls(path, clock=clock if callable(clock) else None, **kwargs)
+
+    def describe(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    # -- worker thread --------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            parent = Path(self.path).expanduser().parent
+            parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                Path(self.path).expanduser(),
+                timeout=self._busy_timeout_ms / 1000,
+                isolation_level=None,  # autocommit; transactions are explicit
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise BackendUnavailableError(detail=f"{self.describe()}: could not enable WAL (got {mode})")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            # Several processes may create the schema at once: do it under the write lock.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            self._conn = conn
+        return self._conn
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-stores-sqlite")
+
+        def call() -> T:
+            try:
+                return fn(self._connect())
+            except sqlite3.OperationalError as exc:
+                raise BackendUnavailableError(detail=f"{self.describe()}: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                raise BackendUnavailableError(detail=f"{self.describe()}: database error: {exc}") from exc
+
+        # Future from a private executor: independent of which event loop awaits it.
+        return await asyncio.wrap_future(self._executor.submit(call))
+
+    async def _aclose(self) -> None:
+        executor = self._executor
+        if executor is None:
+            return
+
+        def close() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.wrap_future(executor.submit(close))
+        executor.shutdown(wait=False)
+        self._executor = None
+
+    async def setup(self) -> None:
+        await self._run(lambda conn: None)
+
+    async def purge_expired(self) -> int:
+        now = self.clock()
+        return await self._run(
+            lambda c: c.execute("DELETE FROM agent_stores_kv WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)).rowcount
+        )
+
+    # -- primitives -----------------------------------------------------------------------
+
+    async def _get(self, scope: str, key: str) -> Entry | None:
+        def op(c: sqlite3.Connection) -> Entry | None:
+            row = c.execute(
+                "SELECT value, version, expires_at FROM agent_stores_kv WHERE scope = ? AND key = ?", (scope, key)
+            ).fetchone()
+            return Entry(bytes(row[0]), row[1], row[2]) if row else None
+
+        return await self._run(op)
+
+    async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
+        def op(c: sqlite3.Connection) -> dict[str, Entry]:
+            out: dict[str, Entry] = {}
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                for key, value, version, expires_at in c.execute(
+                    f"SELECT key, value, version, expires_at FROM agent_stores_kv WHERE scope = ? AND key IN ({marks})",
+                    (scope, *chunk),
+                ):
+                    out[key] = Entry(bytes(value), version, expires_at)
+            return out
+
+        return await self._run(op)
+
+    @staticmethod
+    def _create_in(c: sqlite3.Connection, scope: str, key: str, value: bytes, expires_at: float | None, now: float) -> str | None:
+        version = new_version()
+        cur = c.execute(
+            "INSERT INTO agent_stores_kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, version = excluded.version, "
+            "expires_at = excluded.expires_at "
+            "WHERE agent_stores_kv.expires_at IS NOT NULL AND agent_stores_kv.expires_at <= ?",
+            (scope, key, bytes(value), version, expires_at, now),
+        )
+        return version if cur.rowcount == 1 else None
+
+    @staticmethod
+    def _replace_in(
+        c: sqlite3.Connection, scope: str, key: str, value: bytes, expected: str, expires_at: float | None, now: float
+    ) -> str | None:
+        version = new_version()
+        cur = c.execute(
+            f"UPDATE agent_stores_kv SET value = ?, version = ?, expires_at = ? "
+            f"WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
+            (bytes(value), version, expires_at, scope, key, expected, now),
+        )
+        return version if cur.rowcount == 1 else None
+
+    async def _create(self, scope: str, key: str, value: bytes, expires_at: float | None, now: float) -> str:
+        version = await self._run(lambda c: self._create_in(c, scope, key, value, expires_at, now))
+        if version is None:
+            raise ConflictError("key exists", scope=scope, key=key)
+        return version
+
+    async def _replace(
+        self, scope: str, key: str, value: bytes, expected_version: str, expires_at: float | None, now: float
+    ) -> str:
+        version = await self._run(lambda c: self._replace_in(c, scope, key, value, expected_version, expires_at, now))
+        if version is None:
+            raise ConflictError("version mismatch", scope=scope, key=key)
+        return version
+
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        def op(c: sqlite3.Connection) -> bool:
+            if expected_version is None:
+                cur = c.execute(
+                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}", (scope, key, now)
+                )
+            else:
+                cur = c.execute(
+                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
+                    (scope, key, expected_version, now),
+                )
+            return cur.rowcount == 1
+
+        return await self._run(op)
+
+    async def _scan(
+        self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
+    ) -> list[ScanItem]:
+        cols = "key, value, version, expires_at" if values else "key"
+        sql = f"SELECT {cols} FROM agent_stores_kv WHERE scope = ? AND {_LIVE}"
+        params: list[Any] = [scope, now]
+        sql, params = _prefix_range(sql, params, "key", prefix)
+        if start_after is not None:
+            sql += " AND key > ?"
+            params.append(start_after)
+        sql += " ORDER BY key LIMIT ?"
+        params.append(limit)
+
+        def op(c: sqlite3.Connection) -> list[ScanItem]:
+            rows = c.execute(sql, params).fetchall()
+            if values:
+                return [ScanItem(r[0], Entry(bytes(r[1]), r[2], r[3])) for r in rows]
+            return [ScanItem(r[0], None) for r in rows]
+
+        return await self._run(op)
+
+    async def _scopes(self, prefix: str, start_after: str | None, limit: int, now: float) -> list[str]:
+        sql = f"SELECT DISTINCT scope FROM agent_stores_kv WHERE {_LIVE}"
+        params: list[Any] = [now]
+        sql, params = _prefix_range(sql, params, "scope", prefix)
+        if start_after is not None:
+            sql += " AND scope > ?"
+            params.append(start_after)
+        sql += " ORDER BY scope LIMIT ?"
+        params.append(limit)
+        return await self._run(lambda c: [r[0] for r in c.execute(sql, params).fetchall()])
+
+    async def _drop_scope(self, scope: str) -> int:
+        return await self._run(lambda c: c.execute("DELETE FROM agent_stores_kv WHERE scope = ?", (scope,)).rowcount)
+
+    async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        def op(c: sqlite3.Connection) -> list[str | None]:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                results: list[str | None] = []
+                for index, item in enumerate(ops):
+                    ok: bool
+                    result: str | None = None
+                    if isinstance(item, Create):
+                        result = self._create_in(c, scope, item.key, item.value, self._expires_at(item.ttl, now), now)
+                        ok = result is not None
+                    elif isinstance(item, Replace):
+                        result = self._replace_in(
+                            c, scope, item.key, item.value, item.expected_version, self._expires_at(item.ttl, now), now
+                        )
+                        ok = result is not None
+                    elif isinstance(item, Delete):
+                        if item.expected_version is None:
+                            c.execute("DELETE FROM agent_stores_kv WHERE scope = ? AND key = ?", (scope, item.key))
+                            ok = True
+                        else:
+                            ok = c.execute(
+                                f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
+                                (scope, item.key, item.expected_version, now),
+                            ).rowcount == 1
+                    else:
+                        assert isinstance(item, Check)
+                        row = c.execute(
+                            f"SELECT version FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}",
+                            (scope, item.key, now),
+                        ).fetchone()
+                        ok = (row[0] if row else None) == item.expected_version
+                    if not ok:
+                        raise ConflictError(
+                            f"operation {index} ({type(item).__name__}) failed", scope=scope, key=item.key, index=index
+                        )
+                    results.append(result)
+                c.execute("COMMIT")
+                return results
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+
+        return await self._run(op)

@@ -1,0 +1,82 @@
+"""``connect(url)``: one KV store, and the three stores hung on it.
+
+The stores opened from one connection share its KV store (and so its connection pool);
+closing the connection closes the KV store. ``open_sessions`` / ``open_memory`` /
+``open_checkpointer`` are shortcuts that open a private connection owned by the store.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from .kv.base import KVStore
+from .plugins import get_registry
+from .selection import UrlLike, open_kv
+from .url import StoreURL
+
+if TYPE_CHECKING:
+    from .checkpointer import Checkpointer
+    from .memory import KVMemoryStore
+    from .sessions import SessionStore
+
+
+class StoreConnection:
+    """A KV store opened from a URL, with factories for the session, memory and run stores."""
+
+    def __init__(self, url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> None:
+        self.url: StoreURL | None = StoreURL.parse(url) if isinstance(url, str | StoreURL) else None
+        self.kv: KVStore = open_kv(url, **kv_options)
+
+    def __repr__(self) -> str:
+        return f"<StoreConnection {self.url if self.url is not None else self.kv.describe()}>"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the KV store. Stores opened from this connection stop working."""
+        await self.kv.aclose()
+
+    def sessions(self, **options: Any) -> SessionStore:
+        """The session store on this connection (native if the backend offers one)."""
+        native = get_registry().hook.session_store(url=self.url, kv=self.kv, options=options)
+        if native is not None:
+            return native  # type: ignore[no-any-return]
+        from .sessions import SessionStore
+
+        return SessionStore(self.kv, **options)
+
+    def memory(self, **options: Any) -> KVMemoryStore:
+        """The memory store on this connection (native if the backend offers one)."""
+        native = get_registry().hook.memory_store(url=self.url, kv=self.kv, options=options)
+        if native is not None:
+            return native  # type: ignore[no-any-return]
+        from .memory import KVMemoryStore
+
+        return KVMemoryStore(self.kv, **options)
+
+    def checkpointer(self, **options: Any) -> Checkpointer:
+        """The run journal / step store on this connection (native if the backend offers one)."""
+        native = get_registry().hook.checkpointer(url=self.url, kv=self.kv, options=options)
+        if native is not None:
+            return native  # type: ignore[no-any-return]
+        from .checkpointer import Checkpointer
+
+        return Checkpointer(self.kv, **options)
+
+
+def connect(url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> StoreConnection:
+    """Open a connection to ``url`` (default: ``$AGENT_STORES_URL``, else the embedded SQLite file).
+
+    No I/O happens until a store is used.
+    """
+    return StoreConnection(url, **kv_options)

@@ -1,0 +1,94 @@
+"""The hooks a backend plugin implements.
+
+Plugins are modules (or objects) exposed through the entry-point group ``agent_stores``
+and decorated with :data:`hookimpl`. Every hook is optional.
+
+A minimal backend plugin::
+
+    from agent_stores import hookimpl
+
+    @hookimpl
+    def register_backends(register):
+        register("mydb", "my_package.kv:MyDBKV.from_url", description="MyDB")
+
+Nothing of the backend is imported until a URL with its scheme is opened: the factory
+is an import string. The ``*_store`` hooks let a backend replace the generic store built
+on its KV with a native one (a fast path); they are ``firstresult`` and must return None
+for URLs that are not theirs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .kv.base import KVStore
+    from .url import StoreURL
+
+PROJECT_NAME = "agent_stores"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+class RegisterBackend(Protocol):
+    """The ``register`` callback handed to :func:`register_backends`."""
+
+    def __call__(
+        self,
+        scheme: str,
+        factory: str,
+        *,
+        description: str = "",
+    ) -> None:
+        """Declare that URLs with ``scheme`` open ``factory``.
+
+        ``factory`` is an import string ``"package.module:attribute[.attribute]"`` naming a
+        callable ``(url: StoreURL, **options) -> KVStore``. Ready client objects are
+        handled by the :func:`kv_from_client` hook instead.
+        """
+
+
+@hookspec
+def register_backends(register: RegisterBackend) -> None:
+    """Declare the URL schemes this plugin serves, by calling ``register`` once per scheme.
+
+    Called once, when the plugin registry is first needed. Must not import the backend's
+    driver: the factory is an import string resolved only when a URL asks for it.
+    """
+
+
+@hookspec(firstresult=True)
+def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
+    """Wrap a ready client object (a ``redis.asyncio.Redis``, a psycopg pool, …) in a KV store.
+
+    Return None when ``client`` is not a type this plugin knows. The store must not close
+    a client it did not create.
+    """
+
+
+@hookspec(firstresult=True)
+def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """Return a native session store for ``kv``, or None to use the generic one.
+
+    ``options`` are the keyword arguments given to ``open_sessions``. The native store must
+    pass the session contract unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def memory_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """Return a native memory store for ``kv``, or None to use the generic one.
+
+    The native store must pass the memory contract unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def checkpointer(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """Return a native checkpointer for ``kv``, or None to use the generic one.
+
+    The native checkpointer must pass the checkpointer contract unchanged.
+    """

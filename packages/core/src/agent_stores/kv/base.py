@@ -1,0 +1,431 @@
+"""The KV CAS base class: the one contract a backend implements.
+
+A backend subclasses :class:`KVStore` and writes the ``_``-prefixed primitives. The
+public methods here validate ids and sizes, turn TTLs into absolute expiry times on the
+core's clock, and hide expired entries, so every backend behaves the same:
+
+* every conditional primitive must be atomic *in the server* (conditional write, ETag,
+  Lua, transaction), never read-check-write in the client;
+* versions are opaque strings, never reused for a key (delete + create gives a new one);
+* expiry is decided by the core's clock (``now`` is passed in); native TTL, if any, is
+  only garbage collection;
+* ``scan`` returns keys in byte (code point) order, paginated.
+
+Entries are addressed by ``(scope, key)``. The scope is the unit of locality (a session
+id, a memory directory, a run id) and maps to the backend's partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import ClassVar, Self
+
+from ..errors import InvalidIdError, ResourceClosedError, UnsupportedError, ValueTooLargeError
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A stored value with its opaque version and absolute expiry (unix seconds or None)."""
+
+    value: bytes
+    version: str
+    expires_at: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """True when the entry is past its expiry at time ``now``."""
+        return self.expires_at is not None and self.expires_at <= now
+
+
+@dataclass(frozen=True, slots=True)
+class ScanItem:
+    """One key returned by :meth:`KVStore.scan`; ``entry`` is None when values were not asked for."""
+
+    key: str
+    entry: Entry | None
+
+
+@dataclass(frozen=True, slots=True)
+class KVLimits:
+    """What a backend can hold. Stores size their records from these numbers."""
+
+    max_value_bytes: int
+    max_scope_chars: int = 512
+    max_key_chars: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class KVCapabilities:
+    """Optional features of a backend."""
+
+    commit: bool = False
+    """``commit`` is all-or-nothing across keys of one scope."""
+    shared_across_processes: bool = True
+    """Two processes opening the same URL see the same data (False for ``memory://``)."""
+
+
+# -- operations for commit ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Create:
+    """Create ``key`` if absent or expired."""
+
+    key: str
+    value: bytes
+    ttl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """Replace ``key`` if its current version is ``expected_version``."""
+
+    key: str
+    value: bytes
+    expected_version: str
+    ttl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete ``key``: only at ``expected_version`` when given, else unconditionally."""
+
+    key: str
+    expected_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """Require ``key`` to be at ``expected_version`` (None: absent) without writing it."""
+
+    key: str
+    expected_version: str | None
+
+
+Operation = Create | Replace | Delete | Check
+
+
+def new_version() -> str:
+    """A fresh opaque version: 128 random bits, so a version is never reused for a key."""
+    return secrets.token_hex(16)
+
+
+class KVStore(ABC):
+    """Async key-value store with per-key compare-and-swap, TTL and ordered scans.
+
+    Subclasses implement the ``_`` primitives; callers use the public methods. A store is
+    an async context manager; :meth:`aclose` releases connections it created.
+    """
+
+    #: scheme names, for messages
+    backend_name: ClassVar[str] = "kv"
+
+    limits: KVLimits = KVLimits(max_value_bytes=1 << 20)
+    capabilities: KVCapabilities = KVCapabilities()
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock or time.time
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release what the store created. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self._aclose()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` was called."""
+        return self._closed
+
+    async def setup(self) -> None:
+        """Create tables, indexes or schema if the backend needs them. Idempotent."""
+
+    async def purge_expired(self) -> int:
+        """Physically delete expired entries where the backend cannot do it natively.
+
+        Returns how many were removed (0 when the backend collects garbage itself).
+        """
+        return 0
+
+    def describe(self) -> str:
+        """A one-line description for people: backend name and redacted location."""
+        return self.backend_name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"
+
+    # -- public API -----------------------------------------------------------------------
+
+    async def get(self, scope: str, key: str) -> Entry | None:
+        """The live entry at ``(scope, key)``, or None when absent or expired."""
+        self._check_open()
+        self._check_ids(scope, key)
+        entry = await self._get(scope, key)
+        if entry is None or entry.expired(self.clock()):
+            return None
+        return entry
+
+    async def get_many(self, scope: str, keys: Sequence[str]) -> dict[str, Entry]:
+        """Live entries of ``keys`` in one round trip where the backend can; missing keys are omitted."""
+        self._check_open()
+        unique = list(dict.fromkeys(keys))
+        for key in unique:
+            self._check_ids(scope, key)
+        if not unique:
+            return {}
+        found = await self._get_many(scope, unique)
+        now = self.clock()
+        return {k: e for k, e in found.items() if not e.expired(now)}
+
+    async def create(self, scope: str, key: str, value: bytes, *, ttl: float | None = None) -> str:
+        """Write ``value`` only if the key is absent or expired; returns the new version.
+
+        Raises :class:`~agent_stores.errors.ConflictError` when a live entry exists.
+        """
+        self._check_open()
+        self._check_ids(scope, key)
+        self._check_value(scope, key, value)
+        now = self.clock()
+        return await self._create(scope, key, value, self._expires_at(ttl, now), now)
+
+    async def replace(
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: str,
+        ttl: float | None = None,
+    ) -> str:
+        """Write ``value`` only if the live entry is at ``expected_version``; returns the new version.
+
+        ``ttl`` applies to the new value (None: never expires). Raises
+        :class:`~agent_stores.errors.ConflictError` otherwise.
+        """
+        self._check_open()
+        self._check_ids(scope, key)
+        self._check_value(scope, key, value)
+        now = self.clock()
+        return await self._replace(scope, key, value, expected_version, self._expires_at(ttl, now), now)
+
+    async def delete(self, scope: str, key: str, *, expected_version: str | None = None) -> bool:
+        """Delete the live entry (only at ``expected_version`` when given). True if it happened."""
+        self._check_open()
+        self._check_ids(scope, key)
+        return await self._delete(scope, key, expected_version, self.clock())
+
+    async def scan(
+        self,
+        scope: str,
+        *,
+        prefix: str = "",
+        start_after: str | None = None,
+        limit: int = 100,
+        values: bool = True,
+    ) -> list[ScanItem]:
+        """Live keys of ``scope`` starting with ``prefix``, in byte order, after ``start_after``.
+
+        At most ``limit`` items; fewer means the end was reached. ``values=False`` lets the
+        backend skip reading values (``ScanItem.entry`` is then None).
+        """
+        self._check_open()
+        self._check_scope(scope)
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        return await self._scan(scope, prefix, start_after, limit, values, self.clock())
+
+    async def iter_scan(
+        self, scope: str, *, prefix: str = "", page_size: int = 100, values: bool = True
+    ) -> AsyncIterator[ScanItem]:
+        """Every live key of ``scope`` under ``prefix``, paging through :meth:`scan`."""
+        start_after: str | None = None
+        while True:
+            page = await self.scan(scope, prefix=prefix, start_after=start_after, limit=page_size, values=values)
+            for item in page:
+                yield item
+            if len(page) < page_size:
+                return
+            start_after = page[-1].key
+
+    async def scopes(self, *, prefix: str = "", start_after: str | None = None, limit: int = 100) -> list[str]:
+        """Scopes holding at least one entry, in byte order. Admin use: may be slow."""
+        self._check_open()
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        return await self._scopes(prefix, start_after, limit, self.clock())
+
+    async def drop_scope(self, scope: str) -> int:
+        """Delete every entry of ``scope`` (erasure). Returns how many were deleted."""
+        self._check_open()
+        self._check_scope(scope)
+        return await self._drop_scope(scope)
+
+    async def commit(self, scope: str, ops: Sequence[Operation]) -> list[str | None]:
+        """Apply ``ops`` all-or-nothing inside one scope, where ``capabilities.commit`` says so.
+
+        Returns the new version of each operation (None for Delete and Check). On a failed
+        condition nothing is written and :class:`~agent_stores.errors.ConflictError` is raised
+        with ``index`` set to the first failing operation.
+        """
+        self._check_open()
+        if not self.capabilities.commit:
+            raise UnsupportedError(detail=f"{self.backend_name} does not support multi-key commit")
+        self._check_scope(scope)
+        seen: set[str] = set()
+        for op in ops:
+            self._check_ids(scope, op.key)
+            if op.key in seen:
+                raise ValueError(f"commit: key {op.key!r} appears twice")
+            seen.add(op.key)
+            if isinstance(op, Create | Replace):
+                self._check_value(scope, op.key, op.value)
+        if not ops:
+            return []
+        return await self._commit(scope, list(ops), self.clock())
+
+    # -- helpers for subclasses and the public API ----------------------------------------
+
+    def _expires_at(self, ttl: float | None, now: float) -> float | None:
+        if ttl is None:
+            return None
+        if ttl <= 0:
+            raise ValueError("ttl must be positive (or None for no expiry)")
+        return now + ttl
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ResourceClosedError(detail=f"{self.describe()} is closed")
+
+    def _check_scope(self, scope: str) -> None:
+        _check_id("scope", scope, self.limits.max_scope_chars)
+
+    def _check_ids(self, scope: str, key: str) -> None:
+        _check_id("scope", scope, self.limits.max_scope_chars)
+        _check_id("key", key, self.limits.max_key_chars)
+
+    def _check_value(self, scope: str, key: str, value: bytes) -> None:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(f"value must be bytes, got {type(value).__name__}")
+        if len(value) > self.limits.max_value_bytes:
+            raise ValueTooLargeError(
+                f"value for key {key[:80]!r} in scope {scope[:80]!r} is {len(value)} bytes; "
+                f"{self.backend_name} holds at most {self.limits.max_value_bytes} bytes per entry",
+                size=len(value),
+                limit=self.limits.max_value_bytes,
+            )
+
+    # -- primitives a backend implements ------------------------------------------------
+
+    async def _aclose(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release resources. Called once."""
+
+    @abstractmethod
+    async def _get(self, scope: str, key: str) -> Entry | None:
+        """The stored entry (expired ones may be returned; the caller filters)."""
+
+    async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
+        """Stored entries of ``keys``. Override with a single round trip where possible."""
+        results = await asyncio.gather(*(self._get(scope, k) for k in keys))
+        return {k: e for k, e in zip(keys, results, strict=True) if e is not None}
+
+    @abstractmethod
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
+        """Atomically write if absent or ``expires_at <= now``; raise ConflictError otherwise."""
+
+    @abstractmethod
+    async def _replace(
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
+    ) -> str:
+        """Atomically write if the live entry's version is ``expected_version``; else ConflictError."""
+
+    @abstractmethod
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        """Atomically delete (at ``expected_version`` if given). True only if a live entry was deleted.
+
+        An expired entry may be physically removed but counts as absent (returns False).
+        """
+
+    @abstractmethod
+    async def _scan(
+        self,
+        scope: str,
+        prefix: str,
+        start_after: str | None,
+        limit: int,
+        values: bool,
+        now: float,
+    ) -> list[ScanItem]:
+        """Up to ``limit`` live keys in byte order, never reading the whole scope."""
+
+    @abstractmethod
+    async def _scopes(self, prefix: str, start_after: str | None, limit: int, now: float) -> list[str]:
+        """Scopes with entries (expired-only scopes may be listed), in byte order."""
+
+    @abstractmethod
+    async def _drop_scope(self, scope: str) -> int:
+        """Delete everything in ``scope``."""
+
+    async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        """All-or-nothing multi-key write; only called when ``capabilities.commit`` is True."""
+        raise UnsupportedError(detail=f"{self.backend_name} does not support multi-key commit")
+
+
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix`` (None: unbounded).
+
+    Lets backends turn a prefix into a key range served by an ordered index.
+    """
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code == 0xD800:  # skip the surrogate block, not encodable
+            code = 0xE000
+        if code <= 0x10FFFF:
+            chars[-1] = chr(code)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+def _check_id(kind: str, value: str, max_chars: int) -> None:
+    if not isinstance(value, str):
+        raise InvalidIdError(detail=f"{kind} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidIdError(detail=f"{kind} must not be empty")
+    if len(value) > max_chars:
+        raise InvalidIdError(detail=f"{kind} {value[:40]!r}… is {len(value)} characters; the limit is {max_chars}")
+    if "\x00" in value:
+        raise InvalidIdError(detail=f"{kind} {value[:80]!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidIdError(detail=f"{kind} {value[:80]!r} is not valid Unicode (lone surrogate)") from None

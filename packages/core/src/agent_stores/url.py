@@ -1,0 +1,200 @@
+"""One immutable store URL, rendered with secrets hidden.
+
+Modelled on SQLAlchemy's ``engine.url.URL``: parse once, pass the object around, and
+render it with :meth:`StoreURL.render` (password and secret query values masked) for
+anything a person may read. ``str()`` and ``repr()`` are both masked; only
+:meth:`StoreURL.render_with_secrets` gives the real string, for handing to a driver.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+from .errors import MalformedURLError
+
+MASK = "***"
+
+# Query parameters whose values are secrets wherever they appear.
+SECRET_QUERY_KEYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "secret",
+        "token",
+        "key",
+        "access_key",
+        "secret_key",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "session_token",
+        "account_key",
+        "accountkey",
+        "master_key",
+        "credential",
+        "credentials",
+        "sig",
+        "signature",
+        "api_key",
+        "apikey",
+        "sslpassword",
+    }
+)
+
+_SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*$")
+_USERINFO_RE = re.compile(r"(?P<head>^[^:/?#]+://[^:@/?#]*:)(?P<pw>[^@/?#]*)(?P<tail>@)")
+
+
+def is_secret_query_key(name: str) -> bool:
+    """True when a query parameter's value must never be shown."""
+    lowered = name.lower()
+    return lowered in SECRET_QUERY_KEYS or lowered.endswith(("_key", "_secret", "_token", "password"))
+
+
+def redact(text: str) -> str:
+    """Mask the password of a URL-looking string that could not be parsed.
+
+    Used for error messages about malformed URLs, where no :class:`StoreURL` exists.
+    """
+    text = _USERINFO_RE.sub(lambda m: f"{m['head']}{MASK}{m['tail']}", text)
+    return re.sub(
+        r"([?&])([^=&#]+)=([^&#]*)",
+        lambda m: f"{m[1]}{m[2]}={MASK if is_secret_query_key(unquote(m[2])) else m[3]}",
+        text,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreURL:
+    """A parsed store URL: ``scheme://user:password@host:port/path?query``.
+
+    Immutable and hashable. ``query`` keeps the order given and allows repeated keys
+    (``query_all``); ``query_get`` returns the last value of a key.
+    """
+
+    scheme: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    host: str | None = None
+    port: int | None = None
+    path: str = ""
+    query: tuple[tuple[str, str], ...] = ()
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def parse(cls, text: str | StoreURL) -> StoreURL:
+        """Parse ``text``; raises :class:`MalformedURLError` (password masked) if it is not a URL."""
+        if isinstance(text, StoreURL):
+            return text
+        if not isinstance(text, str):
+            raise MalformedURLError(detail=f"a store URL must be a string, got {type(text).__name__}")
+        stripped = text.strip()
+        if "://" not in stripped:
+            raise MalformedURLError(
+                detail=f"{redact(stripped)!r} is not a store URL; expected 'scheme://…', "
+                "for example 'sqlite:///agent.db' or 'redis://localhost:6379/0'"
+            )
+        scheme_part = stripped.split("://", 1)[0]
+        if not _SCHEME_RE.match(scheme_part):
+            raise MalformedURLError(detail=f"{redact(stripped)!r} has an invalid scheme {scheme_part!r}")
+        try:
+            parts = urlsplit(stripped)
+            port = parts.port
+        except ValueError as exc:
+            raise MalformedURLError(detail=f"{redact(stripped)!r} is malformed: {_safe_reason(exc, stripped)}") from None
+        if parts.fragment:
+            raise MalformedURLError(detail=f"{redact(stripped)!r}: fragments ('#…') are not allowed in store URLs")
+        try:
+            query = tuple(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+        except ValueError:
+            raise MalformedURLError(detail=f"{redact(stripped)!r} has a malformed query string") from None
+        return cls(
+            scheme=parts.scheme.lower(),
+            username=unquote(parts.username) if parts.username is not None else None,
+            password=unquote(parts.password) if parts.password is not None else None,
+            host=unquote(parts.hostname) if parts.hostname else None,
+            port=port,
+            path=unquote(parts.path),
+            query=query,
+        )
+
+    # -- access -------------------------------------------------------------------------
+
+    @property
+    def query_dict(self) -> Mapping[str, str]:
+        """The query as a read-only mapping (last value wins)."""
+        return MappingProxyType(dict(self.query))
+
+    def query_get(self, name: str, default: str | None = None) -> str | None:
+        """The last value of query parameter ``name``."""
+        value = default
+        for key, item in self.query:
+            if key == name:
+                value = item
+        return value
+
+    def query_all(self, name: str) -> list[str]:
+        """Every value of query parameter ``name``, in order."""
+        return [item for key, item in self.query if key == name]
+
+    def without_query(self, *names: str) -> StoreURL:
+        """A copy without the named query parameters."""
+        return replace(self, query=tuple((k, v) for k, v in self.query if k not in names))
+
+    def with_query(self, **values: str) -> StoreURL:
+        """A copy with the given query parameters set (replacing earlier values)."""
+        kept = tuple((k, v) for k, v in self.query if k not in values)
+        return replace(self, query=kept + tuple(values.items()))
+
+    def set(self, **changes: Any) -> StoreURL:
+        """A copy with the given fields replaced (``scheme``, ``host``, ``password``, …)."""
+        return replace(self, **changes)
+
+    @property
+    def has_secrets(self) -> bool:
+        """True when rendering would mask something."""
+        return self.password is not None or any(is_secret_query_key(k) for k, _ in self.query)
+
+    # -- rendering ----------------------------------------------------------------------
+
+    def render(self, *, hide_password: bool = True) -> str:
+        """The URL as a string; by default password and secret query values are masked."""
+        netloc = ""
+        if self.username is not None or self.password is not None:
+            netloc += quote(self.username or "", safe="")
+            if self.password is not None:
+                netloc += ":" + (MASK if hide_password else quote(self.password, safe=""))
+            netloc += "@"
+        if self.host is not None:
+            host = self.host
+            netloc += f"[{host}]" if ":" in host else quote(host, safe="")
+        if self.port is not None:
+            netloc += f":{self.port}"
+        text = f"{self.scheme}://{netloc}{quote(self.path, safe='/:@!$&()*+,;=~')}"
+        if self.query:
+            pairs: Iterable[tuple[str, str]] = (
+                (k, MASK if hide_password and is_secret_query_key(k) else v) for k, v in self.query
+            )
+            text += "?" + urlencode(list(pairs), safe="*:/")
+        return text
+
+    def render_with_secrets(self) -> str:
+        """The real URL, secrets included. Only for handing to a driver, never for output."""
+        return self.render(hide_password=False)
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __repr__(self) -> str:
+        return f"StoreURL({self.render()!r})"
+
+
+def _safe_reason(exc: Exception, text: str) -> str:
+    reason = str(exc)
+    return redact(reason) if text not in reason else "invalid port or host"

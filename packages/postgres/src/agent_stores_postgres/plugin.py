@@ -1,0 +1,1 @@
+"""Plugin entry point of agent-stores-postgres (filled in by the backend issue)."""

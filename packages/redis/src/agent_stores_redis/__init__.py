@@ -1,0 +1,1 @@
+"""Placeholder; implemented by the backend issue."""
