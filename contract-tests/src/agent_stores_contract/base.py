@@ -1,0 +1,56 @@
+"""What every contract class shares: how it gets a store, and test isolation.
+
+A contract class needs one thing from a backend: ``kv_factory``, a fixture returning a
+zero-argument callable that opens a *new* client of the backend under test (two calls
+give two independent clients of the same data). The default builds it from
+``store_url`` (``--store-url`` / ``AGENT_STORES_CONTRACT_URL``); a backend author may
+override ``kv_factory`` instead.
+
+Every test works in scopes named from a random per-test ``ns`` prefix, so the suite can
+run against a shared server without touching other data.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import pytest_asyncio
+
+from agent_stores import KVStore, open_kv
+
+KVFactory = Callable[[], KVStore]
+
+
+class ContractBase:
+    """Base of every contract class. Subclass a contract, never this."""
+
+    #: ``{"test_name": "reason"}``: standard tests this backend is known to fail, each run
+    #: as ``xfail(strict=True, reason=...)`` so it turns red the day the gap is fixed.
+    contract_xfails: dict[str, str] = {}
+
+    @pytest.fixture
+    def store_url(self, contract_store_url: str) -> str:
+        """The URL under test (from ``--store-url`` or ``AGENT_STORES_CONTRACT_URL``)."""
+        return contract_store_url
+
+    @pytest.fixture
+    def kv_factory(self, store_url: str) -> KVFactory:
+        """A callable opening a new, independent client of the backend under test."""
+        return lambda: open_kv(store_url)
+
+    @pytest_asyncio.fixture
+    async def kv(self, kv_factory: KVFactory) -> AsyncIterator[KVStore]:
+        """One client of the backend under test, closed after the test."""
+        store = kv_factory()
+        await store.setup()
+        try:
+            yield store
+        finally:
+            await store.aclose()
+
+    @pytest.fixture
+    def ns(self) -> str:
+        """A random prefix isolating this test's scopes."""
+        return f"ct-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,1 @@
+"""Ready-to-run test modules: ``pytest --pyargs agent_stores_contract.suite --store-url URL``."""
