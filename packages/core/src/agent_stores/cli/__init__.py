@@ -1,0 +1,70 @@
+"""The ``agent-stores`` command line.
+
+Sub-commands live in their own modules and are imported only when invoked (the group
+maps names to import strings), so ``agent-stores --help`` stays fast and a broken
+optional dependency only affects its own command.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from .. import __version__
+
+#: command name -> "module:attribute" (a click command), imported on use.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "backends": ("agent_stores.cli.backends:backends", "List installed backends, their schemes and plugin load errors."),
+    "check": ("agent_stores.cli.check:check", "Connect to a URL and time a CAS round trip in a throwaway scope."),
+    "setup": ("agent_stores.cli.admin:setup", "Create the backend's tables or schema (idempotent)."),
+    "purge": ("agent_stores.cli.admin:purge", "Delete expired entries the backend does not collect itself."),
+    "demo": ("agent_stores.cli.demo:demo", "Run the scripted agent demo on the embedded default (no API key)."),
+    "sessions": ("agent_stores.cli.sessions:sessions", "Inspect and repair session stores."),
+    "memory": ("agent_stores.cli.memory:memory", "Browse and edit memory files."),
+    "runs": ("agent_stores.cli.runs:runs", "List, show and delete checkpointed runs."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when first used."""
+
+    def _available(self) -> dict[str, tuple[str, str]]:
+        out = {}
+        for name, (target, help_text) in COMMANDS.items():
+            module = target.partition(":")[0]
+            if importlib.util.find_spec(module) is not None:
+                out[name] = (target, help_text)
+        return out
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._available()))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        entry = self._available().get(cmd_name)
+        if entry is None:
+            return None
+        module_name, _, attr = entry[0].partition(":")
+        loaded: Any = getattr(importlib.import_module(module_name), attr)
+        if not isinstance(loaded, click.Command):
+            raise click.ClickException(f"{entry[0]} is not a click command")
+        return loaded
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="agent-stores")
+def cli() -> None:
+    """agent-stores: sessions, memory and checkpoints for Pydantic AI agents, on any database.
+
+    URLs: memory://, sqlite:///file.db, and those of installed backends (see `backends`).
+    Where a URL is optional, $AGENT_STORES_URL or the embedded SQLite file is used.
+    """
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="agent-stores")

@@ -1,0 +1,39 @@
+"""Helpers shared by CLI commands: running coroutines, URL arguments, error display."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+import click
+
+from ..errors import AppError
+from ..selection import default_url
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def run_async(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
+    """Run an async click callback with asyncio, turning agent-stores errors into clean exits."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return asyncio.run(fn(*args, **kwargs))
+        except AppError as exc:
+            raise click.ClickException(f"{exc.code}: {exc.detail}") from None
+
+    return wrapper
+
+
+def url_argument(required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A ``URL`` positional argument; optional ones default to ``default_url()``."""
+    return click.argument("url", required=required, default=None if required else None, metavar="URL" if required else "[URL]")
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL given, or the default one."""
+    return url or default_url()
