@@ -23,7 +23,13 @@ _LAZY = {
     "CheckpointerContract": "agent_stores_contract.checkpointer",
 }
 
-__all__ = ["CheckpointerContract", "ContractBase", "KVContract", "MemoryContract", "SessionContract"]
+__all__ = [
+    "CheckpointerContract",
+    "ContractBase",
+    "KVContract",
+    "MemoryContract",
+    "SessionContract",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
-
 from agent_stores import KVStore, open_kv
 
 KVFactory = Callable[[], KVStore]

@@ -13,8 +13,14 @@ import sys
 import time
 
 import pytest
-
-from agent_stores import ConflictError, InvalidIdError, KVStore, ResourceClosedError, UnsupportedError, ValueTooLargeError
+from agent_stores import (
+    ConflictError,
+    InvalidIdError,
+    KVStore,
+    ResourceClosedError,
+    UnsupportedError,
+    ValueTooLargeError,
+)
 from agent_stores.kv import Check, Create, Delete, Replace
 
 from .base import ContractBase, KVFactory
@@ -181,7 +187,12 @@ class KVContract(ContractBase):
                 entry = await client.get(ns, "counter")
                 assert entry is not None
                 try:
-                    await client.replace(ns, "counter", str(int(entry.value) + 1).encode(), expected_version=entry.version)
+                    await client.replace(
+                        ns,
+                        "counter",
+                        str(int(entry.value) + 1).encode(),
+                        expected_version=entry.version,
+                    )
                 except ConflictError:
                     await asyncio.sleep(0)
                     continue
@@ -209,11 +220,17 @@ class KVContract(ContractBase):
                 return None
 
         try:
-            results = [r for r in await asyncio.gather(*(attempt(i) for i in range(50))) if r is not None]
+            results = [
+                r for r in await asyncio.gather(*(attempt(i) for i in range(50))) if r is not None
+            ]
             assert len(results) == 1
             winner, version = results[0]
             entry = await clients[0].get(ns, "once")
-            assert entry is not None and entry.value == str(winner).encode() and entry.version == version
+            assert (
+                entry is not None
+                and entry.value == str(winner).encode()
+                and entry.version == version
+            )
         finally:
             for client in clients:
                 await client.aclose()
@@ -221,7 +238,9 @@ class KVContract(ContractBase):
     async def test_multiprocess_cas_one_key(self, kv: KVStore, store_url: str, ns: str) -> None:
         """Several OS processes CAS-incrementing one key: one winner per version, every increment kept."""
         if not kv.capabilities.shared_across_processes:
-            pytest.skip(f"{kv.backend_name} is process-local: there is no data for a second process to share")
+            pytest.skip(
+                f"{kv.backend_name} is process-local: there is no data for a second process to share"
+            )
         await kv.create(ns, "counter", b"0")
         processes, per_process = 4, 25
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -244,7 +263,12 @@ class KVContract(ContractBase):
         outputs = [await p.communicate() for p in procs]
         for proc, (_, err) in zip(procs, outputs, strict=True):
             assert proc.returncode == 0, err.decode()
-        wins = [json.loads(line) for out, _ in outputs for line in out.decode().splitlines() if line.strip()]
+        wins = [
+            json.loads(line)
+            for out, _ in outputs
+            for line in out.decode().splitlines()
+            if line.strip()
+        ]
         assert len(wins) == processes * per_process
         replaced = [w["replaced"] for w in wins]
         assert len(set(replaced)) == len(replaced), "two processes won the same version"
@@ -307,7 +331,23 @@ class KVContract(ContractBase):
 
     async def test_scan_byte_order(self, kv: KVStore, ns: str) -> None:
         """scan returns keys in byte (code point) order, with their entries."""
-        keys = ["b", "a", "B", "a0", "a/", "a-", "aa", "Z", "0", "~", "é", "日", "😀", "a\u00ff", "a\u0100"]
+        keys = [
+            "b",
+            "a",
+            "B",
+            "a0",
+            "a/",
+            "a-",
+            "aa",
+            "Z",
+            "0",
+            "~",
+            "é",
+            "日",
+            "😀",
+            "a\u00ff",
+            "a\u0100",
+        ]
         for key in keys:
             await kv.create(ns, key, key.encode())
         items = await kv.scan(ns, limit=100)
@@ -320,7 +360,14 @@ class KVContract(ContractBase):
         for key in ["u1/a", "u1/b", "u10/a", "u1", "u2/a", "u1.x", "u1/\uffff", "u0/z"]:
             await kv.create(ns, key, b"x")
         assert [i.key for i in await kv.scan(ns, prefix="u1/")] == ["u1/a", "u1/b", "u1/\uffff"]
-        assert [i.key for i in await kv.scan(ns, prefix="u1")] == ["u1", "u1.x", "u1/a", "u1/b", "u1/\uffff", "u10/a"]
+        assert [i.key for i in await kv.scan(ns, prefix="u1")] == [
+            "u1",
+            "u1.x",
+            "u1/a",
+            "u1/b",
+            "u1/\uffff",
+            "u10/a",
+        ]
         assert await kv.scan(ns, prefix="u3") == []
 
     async def test_scan_pagination(self, kv: KVStore, ns: str) -> None:
@@ -338,8 +385,15 @@ class KVContract(ContractBase):
                 break
             start_after = page[-1].key
         assert seen == keys
-        assert [i.key for i in await kv.scan(ns, start_after="k050", limit=3)] == ["k051", "k052", "k053"]
-        assert [i.key for i in await kv.scan(ns, prefix="k05", start_after="k054")] == ["k055", "k056"]
+        assert [i.key for i in await kv.scan(ns, start_after="k050", limit=3)] == [
+            "k051",
+            "k052",
+            "k053",
+        ]
+        assert [i.key for i in await kv.scan(ns, prefix="k05", start_after="k054")] == [
+            "k055",
+            "k056",
+        ]
         assert [i.key async for i in kv.iter_scan(ns, page_size=7)] == keys
 
     async def test_scan_start_after_outside_prefix(self, kv: KVStore, ns: str) -> None:
@@ -397,14 +451,22 @@ class KVContract(ContractBase):
         for i, (scope, key) in enumerate(pairs):
             entry = await kv.get(scope, key)
             assert entry is not None and entry.value == str(i).encode()
-        assert [i.key for i in await kv.scan(f"{ns}a")] == sorted(["b/c", "b:c", "{b}", "../b"], key=str.encode)
+        assert [i.key for i in await kv.scan(f"{ns}a")] == sorted(
+            ["b/c", "b:c", "{b}", "../b"], key=str.encode
+        )
         await kv.drop_scope(f"{ns}a")
         assert await kv.get(f"{ns}a/b", "c") is not None
 
     async def test_invalid_ids_rejected(self, kv: KVStore, ns: str) -> None:
         """Empty, over-long or NUL-containing ids raise InvalidIdError (a ValueError) and write nothing."""
         too_long = "k" * (kv.limits.max_key_chars + 1)
-        for scope, key in [("", "k"), (ns, ""), (ns, too_long), ("s" * (kv.limits.max_scope_chars + 1), "k"), (ns, "a\x00b")]:
+        for scope, key in [
+            ("", "k"),
+            (ns, ""),
+            (ns, too_long),
+            ("s" * (kv.limits.max_scope_chars + 1), "k"),
+            (ns, "a\x00b"),
+        ]:
             with pytest.raises(InvalidIdError):
                 await kv.create(scope, key, b"v")
             with pytest.raises(ValueError):
@@ -466,7 +528,12 @@ class KVContract(ContractBase):
         with pytest.raises(ConflictError) as info:
             await kv.commit(
                 ns,
-                [Replace("a", b"2", va), Create("c", b"1"), Replace("b", b"2", "stale"), Delete("d", None)],
+                [
+                    Replace("a", b"2", va),
+                    Create("c", b"1"),
+                    Replace("b", b"2", "stale"),
+                    Delete("d", None),
+                ],
             )
         assert info.value.index == 2
         a, b = await kv.get(ns, "a"), await kv.get(ns, "b")
@@ -476,7 +543,12 @@ class KVContract(ContractBase):
         results = await kv.commit(
             ns, [Replace("a", b"2", va), Create("c", b"1"), Delete("b", vb), Check("d", None)]
         )
-        assert results[0] is not None and results[1] is not None and results[2] is None and results[3] is None
+        assert (
+            results[0] is not None
+            and results[1] is not None
+            and results[2] is None
+            and results[3] is None
+        )
         a = await kv.get(ns, "a")
         assert a is not None and a.value == b"2" and a.version == results[0]
         assert await kv.get(ns, "b") is None

@@ -28,7 +28,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "contract: a standard test of the agent-stores contract suite")
+    config.addinivalue_line(
+        "markers", "contract: a standard test of the agent-stores contract suite"
+    )
 
 
 @pytest.fixture
@@ -62,14 +64,18 @@ def standard_tests(base: type) -> dict[str, Any]:
 
 
 def _is_contract_class(klass: type) -> bool:
-    return klass.__module__.startswith("agent_stores_contract.") and not klass.__module__.startswith(
-        "agent_stores_contract.suite"
-    )
+    return klass.__module__.startswith(
+        "agent_stores_contract."
+    ) and not klass.__module__.startswith("agent_stores_contract.suite")
 
 
 def _strict_xfail_reason(func: Any) -> str | None:
     for mark in getattr(func, "pytestmark", []):
-        if mark.name == "xfail" and mark.kwargs.get("strict") is True and str(mark.kwargs.get("reason", "")).strip():
+        if (
+            mark.name == "xfail"
+            and mark.kwargs.get("strict") is True
+            and str(mark.kwargs.get("reason", "")).strip()
+        ):
             return str(mark.kwargs["reason"])
     return None
 
@@ -90,7 +96,9 @@ def check_contract_class(cls: type) -> list[str]:
     for name, standard in expected.items():
         actual = inspect.getattr_static(cls, name, None)
         if actual is None or not callable(actual):
-            problems.append(f"{name} is dropped (set to {actual!r}); mark it xfail(strict=True, reason=...) instead")
+            problems.append(
+                f"{name} is dropped (set to {actual!r}); mark it xfail(strict=True, reason=...) instead"
+            )
             continue
         if actual is standard or name in xfails:
             continue

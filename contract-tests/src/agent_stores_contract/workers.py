@@ -12,7 +12,8 @@ import asyncio
 import json
 import random
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from agent_stores import ConflictError, open_kv
 
@@ -28,17 +29,22 @@ async def kv_increment(url: str, scope: str, key: str, count: str) -> None:
                 raise SystemExit(f"counter {scope}/{key} missing")
             value = int(entry.value) + 1
             try:
-                version = await kv.replace(scope, key, str(value).encode(), expected_version=entry.version)
+                version = await kv.replace(
+                    scope, key, str(value).encode(), expected_version=entry.version
+                )
             except ConflictError:
                 await asyncio.sleep(random.random() * 0.002)
                 continue
-            print(json.dumps({"replaced": entry.version, "version": version, "value": value}), flush=True)
+            print(
+                json.dumps({"replaced": entry.version, "version": version, "value": value}),
+                flush=True,
+            )
             done += 1
     finally:
         await kv.aclose()
 
 
-WORKERS: dict[str, Callable[..., Awaitable[None]]] = {
+WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "kv-increment": kv_increment,
 }
 
@@ -47,7 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run the worker named by the first argument."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in WORKERS:
-        raise SystemExit(f"usage: python -m agent_stores_contract.workers {{{','.join(WORKERS)}}} ARGS...")
+        raise SystemExit(
+            f"usage: python -m agent_stores_contract.workers {{{','.join(WORKERS)}}} ARGS..."
+        )
     asyncio.run(WORKERS[args[0]](*args[1:]))
 
 

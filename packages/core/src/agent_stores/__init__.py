@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .connection import StoreConnection, connect
+from .connection import StoreConnection, connect, open_checkpointer, open_memory, open_sessions
 from .errors import (
     AppError,
     BackendNotInstalledError,
@@ -63,5 +63,8 @@ __all__ = [
     "connect",
     "default_url",
     "hookimpl",
+    "open_checkpointer",
     "open_kv",
+    "open_memory",
+    "open_sessions",
 ]

@@ -8,7 +8,7 @@ closing the connection closes the KV store. ``open_sessions`` / ``open_memory`` 
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from .kv.base import KVStore
 from .plugins import get_registry
@@ -46,11 +46,14 @@ class StoreConnection:
         """Close the KV store. Stores opened from this connection stop working."""
         await self.kv.aclose()
 
+    # Store constructors take ``(kv, *, owns_kv=False, **options)``: a store that owns its
+    # KV closes it in its own ``aclose``; stores from a connection share the connection's.
+
     def sessions(self, **options: Any) -> SessionStore:
         """The session store on this connection (native if the backend offers one)."""
         native = get_registry().hook.session_store(url=self.url, kv=self.kv, options=options)
         if native is not None:
-            return native  # type: ignore[no-any-return]
+            return cast("SessionStore", native)
         from .sessions import SessionStore
 
         return SessionStore(self.kv, **options)
@@ -59,7 +62,7 @@ class StoreConnection:
         """The memory store on this connection (native if the backend offers one)."""
         native = get_registry().hook.memory_store(url=self.url, kv=self.kv, options=options)
         if native is not None:
-            return native  # type: ignore[no-any-return]
+            return cast("KVMemoryStore", native)
         from .memory import KVMemoryStore
 
         return KVMemoryStore(self.kv, **options)
@@ -68,7 +71,7 @@ class StoreConnection:
         """The run journal / step store on this connection (native if the backend offers one)."""
         native = get_registry().hook.checkpointer(url=self.url, kv=self.kv, options=options)
         if native is not None:
-            return native  # type: ignore[no-any-return]
+            return cast("Checkpointer", native)
         from .checkpointer import Checkpointer
 
         return Checkpointer(self.kv, **options)
@@ -80,3 +83,18 @@ def connect(url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> St
     No I/O happens until a store is used.
     """
     return StoreConnection(url, **kv_options)
+
+
+def open_sessions(url: UrlLike | KVStore | Any | None = None, **options: Any) -> SessionStore:
+    """A session store on its own connection to ``url``; closing the store closes the connection."""
+    return connect(url).sessions(owns_kv=True, **options)
+
+
+def open_memory(url: UrlLike | KVStore | Any | None = None, **options: Any) -> KVMemoryStore:
+    """A memory store on its own connection to ``url``; closing the store closes the connection."""
+    return connect(url).memory(owns_kv=True, **options)
+
+
+def open_checkpointer(url: UrlLike | KVStore | Any | None = None, **options: Any) -> Checkpointer:
+    """A checkpointer on its own connection to ``url``; closing it closes the connection."""
+    return connect(url).checkpointer(owns_kv=True, **options)

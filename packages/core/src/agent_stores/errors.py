@@ -146,7 +146,9 @@ class ConflictError(KVError):
     default_code = ErrorCode.KV_CONFLICT
     default_severity = Severity.INFO
 
-    def __init__(self, detail: str = "", *, scope: str = "", key: str = "", index: int | None = None):
+    def __init__(
+        self, detail: str = "", *, scope: str = "", key: str = "", index: int | None = None
+    ):
         super().__init__(detail=detail)
         self.scope = scope
         self.key = key

@@ -95,7 +95,9 @@ def _make_register(registry: PluginRegistry, plugin: str) -> hookspecs.RegisterB
     ) -> None:
         scheme = scheme.lower()
         if ":" not in factory:
-            raise ConfigError(detail=f"plugin {plugin!r}: factory {factory!r} must be 'module:attribute'")
+            raise ConfigError(
+                detail=f"plugin {plugin!r}: factory {factory!r} must be 'module:attribute'"
+            )
         existing = registry.backends.get(scheme)
         if existing is not None and existing.plugin != plugin:
             log.warning(
@@ -146,9 +148,10 @@ def load_registry(
         try:
             plugin = source.load() if isinstance(source, EntryPoint) else source
             manager.register(plugin, name=name)
-            single = manager.subset_hook_caller("register_backends", remove_plugins=[
-                p for p in manager.get_plugins() if p is not plugin
-            ])
+            single = manager.subset_hook_caller(
+                "register_backends",
+                remove_plugins=[p for p in manager.get_plugins() if p is not plugin],
+            )
             single(register=_make_register(registry, name))
         except Exception as exc:
             if manager.has_plugin(name):

@@ -70,7 +70,9 @@ def open_kv(url: UrlLike | KVStore | Any | None = None, **options: Any) -> KVSto
     factory = resolve_backend(parsed.scheme)
     store = factory(parsed, **options)
     if not isinstance(store, KVStore):
-        raise ConfigError(detail=f"the factory for {parsed.scheme}:// returned {type(store).__name__}, not a KVStore")
+        raise ConfigError(
+            detail=f"the factory for {parsed.scheme}:// returned {type(store).__name__}, not a KVStore"
+        )
     return store
 
 
@@ -90,7 +92,10 @@ def resolve_backend(scheme: str) -> Any:
                 scheme=scheme,
                 distribution=distribution,
             )
-        suggestion = (difflib.get_close_matches(scheme, installed + sorted(KNOWN_DISTRIBUTIONS), n=1, cutoff=0.6) or [None])[0]
+        matches = difflib.get_close_matches(
+            scheme, installed + sorted(KNOWN_DISTRIBUTIONS), n=1, cutoff=0.6
+        )
+        suggestion = matches[0] if matches else None
         hint = f" Did you mean {suggestion!r}?" if suggestion else ""
         raise UnknownSchemeError(
             f"no backend handles the URL scheme {scheme!r}.{hint} Installed schemes: "

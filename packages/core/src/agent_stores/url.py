@@ -53,7 +53,9 @@ _USERINFO_RE = re.compile(r"(?P<head>^[^:/?#]+://[^:@/?#]*:)(?P<pw>[^@/?#]*)(?P<
 def is_secret_query_key(name: str) -> bool:
     """True when a query parameter's value must never be shown."""
     lowered = name.lower()
-    return lowered in SECRET_QUERY_KEYS or lowered.endswith(("_key", "_secret", "_token", "password"))
+    return lowered in SECRET_QUERY_KEYS or lowered.endswith(
+        ("_key", "_secret", "_token", "password")
+    )
 
 
 def redact(text: str) -> str:
@@ -93,7 +95,9 @@ class StoreURL:
         if isinstance(text, StoreURL):
             return text
         if not isinstance(text, str):
-            raise MalformedURLError(detail=f"a store URL must be a string, got {type(text).__name__}")
+            raise MalformedURLError(
+                detail=f"a store URL must be a string, got {type(text).__name__}"
+            )
         stripped = text.strip()
         if "://" not in stripped:
             raise MalformedURLError(
@@ -102,18 +106,28 @@ class StoreURL:
             )
         scheme_part = stripped.split("://", 1)[0]
         if not _SCHEME_RE.match(scheme_part):
-            raise MalformedURLError(detail=f"{redact(stripped)!r} has an invalid scheme {scheme_part!r}")
+            raise MalformedURLError(
+                detail=f"{redact(stripped)!r} has an invalid scheme {scheme_part!r}"
+            )
         try:
             parts = urlsplit(stripped)
             port = parts.port
         except ValueError as exc:
-            raise MalformedURLError(detail=f"{redact(stripped)!r} is malformed: {_safe_reason(exc, stripped)}") from None
+            raise MalformedURLError(
+                detail=f"{redact(stripped)!r} is malformed: {_safe_reason(exc, stripped)}"
+            ) from None
         if parts.fragment:
-            raise MalformedURLError(detail=f"{redact(stripped)!r}: fragments ('#…') are not allowed in store URLs")
+            raise MalformedURLError(
+                detail=f"{redact(stripped)!r}: fragments ('#…') are not allowed in store URLs"
+            )
         try:
-            query = tuple(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+            query = tuple(
+                parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+            )
         except ValueError:
-            raise MalformedURLError(detail=f"{redact(stripped)!r} has a malformed query string") from None
+            raise MalformedURLError(
+                detail=f"{redact(stripped)!r} has a malformed query string"
+            ) from None
         return cls(
             scheme=parts.scheme.lower(),
             username=unquote(parts.username) if parts.username is not None else None,

@@ -82,14 +82,16 @@ class MemoryKV(KVStore):
         raw = url.query_get("max_value_bytes")
         unknown = {k for k, _ in url.query} - {"max_value_bytes"}
         if unknown:
-            raise ConfigError(detail=f"memory:// does not understand query option(s) {sorted(unknown)}")
+            raise ConfigError(
+                detail=f"memory:// does not understand query option(s) {sorted(unknown)}"
+            )
         max_value = DEFAULT_MAX_VALUE_BYTES
         if raw is not None:
             if not raw.isdigit() or int(raw) < 1024:
                 raise ConfigError(detail=f"max_value_bytes must be an integer >= 1024, got {raw!r}")
             max_value = int(raw)
         clock = options.get("clock")
-        return cls(name, max_value_bytes=max_value, clock=clock if callable(clock) else None)  # type: ignore[arg-type]
+        return cls(name, max_value_bytes=max_value, clock=clock if callable(clock) else None)
 
     def describe(self) -> str:
         return f"memory://{self.name}" if self.name is not None else "memory (private)"
@@ -142,7 +144,9 @@ class MemoryKV(KVStore):
                 return {}
             return {k: s.entries[k] for k in keys if k in s.entries}
 
-    async def _create(self, scope: str, key: str, value: bytes, expires_at: float | None, now: float) -> str:
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
         with self._space.lock:
             if self._live(scope, key, now) is not None:
                 raise ConflictError("key exists", scope=scope, key=key)
@@ -151,7 +155,13 @@ class MemoryKV(KVStore):
             return version
 
     async def _replace(
-        self, scope: str, key: str, value: bytes, expected_version: str, expires_at: float | None, now: float
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
     ) -> str:
         with self._space.lock:
             current = self._live(scope, key, now)
@@ -195,7 +205,9 @@ class MemoryKV(KVStore):
                     break
             return out
 
-    async def _scopes(self, prefix: str, start_after: str | None, limit: int, now: float) -> list[str]:
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
         with self._space.lock:
             names = self._space.scope_names
             lo = max(
@@ -226,11 +238,18 @@ class MemoryKV(KVStore):
                 elif isinstance(op, Replace):
                     ok = current is not None and current.version == op.expected_version
                 elif isinstance(op, Delete):
-                    ok = op.expected_version is None or (current is not None and current.version == op.expected_version)
+                    ok = op.expected_version is None or (
+                        current is not None and current.version == op.expected_version
+                    )
                 elif isinstance(op, Check):
                     ok = (current.version if current else None) == op.expected_version
                 if not ok:
-                    raise ConflictError(f"operation {index} ({type(op).__name__}) failed", scope=scope, key=op.key, index=index)
+                    raise ConflictError(
+                        f"operation {index} ({type(op).__name__}) failed",
+                        scope=scope,
+                        key=op.key,
+                        index=index,
+                    )
             results: list[str | None] = []
             for op in ops:
                 if isinstance(op, Create | Replace):

@@ -107,7 +107,9 @@ class SQLiteKV(KVStore):
         known = {"max_value_bytes", "busy_timeout_ms"}
         unknown = {k for k, _ in url.query} - known
         if unknown:
-            raise ConfigError(detail=f"sqlite:// does not understand query option(s) {sorted(unknown)}")
+            raise ConfigError(
+                detail=f"sqlite:// does not understand query option(s) {sorted(unknown)}"
+            )
         kwargs: dict[str, Any] = {}
         for name in known:
             raw = url.query_get(name)
@@ -136,7 +138,9 @@ class SQLiteKV(KVStore):
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                raise BackendUnavailableError(detail=f"{self.describe()}: could not enable WAL (got {mode})")
+                raise BackendUnavailableError(
+                    detail=f"{self.describe()}: could not enable WAL (got {mode})"
+                )
             conn.execute("PRAGMA synchronous = NORMAL")
             # Several processes may create the schema at once: do it under the write lock.
             conn.execute("BEGIN IMMEDIATE")
@@ -153,7 +157,9 @@ class SQLiteKV(KVStore):
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agent-stores-sqlite")
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="agent-stores-sqlite"
+            )
 
         def call() -> T:
             try:
@@ -161,7 +167,9 @@ class SQLiteKV(KVStore):
             except sqlite3.OperationalError as exc:
                 raise BackendUnavailableError(detail=f"{self.describe()}: {exc}") from exc
             except sqlite3.DatabaseError as exc:
-                raise BackendUnavailableError(detail=f"{self.describe()}: database error: {exc}") from exc
+                raise BackendUnavailableError(
+                    detail=f"{self.describe()}: database error: {exc}"
+                ) from exc
 
         # Future from a private executor: independent of which event loop awaits it.
         return await asyncio.wrap_future(self._executor.submit(call))
@@ -186,7 +194,12 @@ class SQLiteKV(KVStore):
     async def purge_expired(self) -> int:
         now = self.clock()
         return await self._run(
-            lambda c: c.execute("DELETE FROM agent_stores_kv WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)).rowcount
+            lambda c: (
+                c.execute(
+                    "DELETE FROM agent_stores_kv WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                    (now,),
+                ).rowcount
+            )
         )
 
     # -- primitives -----------------------------------------------------------------------
@@ -194,7 +207,8 @@ class SQLiteKV(KVStore):
     async def _get(self, scope: str, key: str) -> Entry | None:
         def op(c: sqlite3.Connection) -> Entry | None:
             row = c.execute(
-                "SELECT value, version, expires_at FROM agent_stores_kv WHERE scope = ? AND key = ?", (scope, key)
+                "SELECT value, version, expires_at FROM agent_stores_kv WHERE scope = ? AND key = ?",
+                (scope, key),
             ).fetchone()
             return Entry(bytes(row[0]), row[1], row[2]) if row else None
 
@@ -216,7 +230,14 @@ class SQLiteKV(KVStore):
         return await self._run(op)
 
     @staticmethod
-    def _create_in(c: sqlite3.Connection, scope: str, key: str, value: bytes, expires_at: float | None, now: float) -> str | None:
+    def _create_in(
+        c: sqlite3.Connection,
+        scope: str,
+        key: str,
+        value: bytes,
+        expires_at: float | None,
+        now: float,
+    ) -> str | None:
         version = new_version()
         cur = c.execute(
             "INSERT INTO agent_stores_kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
@@ -229,7 +250,13 @@ class SQLiteKV(KVStore):
 
     @staticmethod
     def _replace_in(
-        c: sqlite3.Connection, scope: str, key: str, value: bytes, expected: str, expires_at: float | None, now: float
+        c: sqlite3.Connection,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected: str,
+        expires_at: float | None,
+        now: float,
     ) -> str | None:
         version = new_version()
         cur = c.execute(
@@ -239,16 +266,26 @@ class SQLiteKV(KVStore):
         )
         return version if cur.rowcount == 1 else None
 
-    async def _create(self, scope: str, key: str, value: bytes, expires_at: float | None, now: float) -> str:
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
         version = await self._run(lambda c: self._create_in(c, scope, key, value, expires_at, now))
         if version is None:
             raise ConflictError("key exists", scope=scope, key=key)
         return version
 
     async def _replace(
-        self, scope: str, key: str, value: bytes, expected_version: str, expires_at: float | None, now: float
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
     ) -> str:
-        version = await self._run(lambda c: self._replace_in(c, scope, key, value, expected_version, expires_at, now))
+        version = await self._run(
+            lambda c: self._replace_in(c, scope, key, value, expected_version, expires_at, now)
+        )
         if version is None:
             raise ConflictError("version mismatch", scope=scope, key=key)
         return version
@@ -257,7 +294,8 @@ class SQLiteKV(KVStore):
         def op(c: sqlite3.Connection) -> bool:
             if expected_version is None:
                 cur = c.execute(
-                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}", (scope, key, now)
+                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}",
+                    (scope, key, now),
                 )
             else:
                 cur = c.execute(
@@ -289,7 +327,9 @@ class SQLiteKV(KVStore):
 
         return await self._run(op)
 
-    async def _scopes(self, prefix: str, start_after: str | None, limit: int, now: float) -> list[str]:
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
         sql = f"SELECT DISTINCT scope FROM agent_stores_kv WHERE {_LIVE}"
         params: list[Any] = [now]
         sql, params = _prefix_range(sql, params, "scope", prefix)
@@ -301,7 +341,9 @@ class SQLiteKV(KVStore):
         return await self._run(lambda c: [r[0] for r in c.execute(sql, params).fetchall()])
 
     async def _drop_scope(self, scope: str) -> int:
-        return await self._run(lambda c: c.execute("DELETE FROM agent_stores_kv WHERE scope = ?", (scope,)).rowcount)
+        return await self._run(
+            lambda c: c.execute("DELETE FROM agent_stores_kv WHERE scope = ?", (scope,)).rowcount
+        )
 
     async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
         def op(c: sqlite3.Connection) -> list[str | None]:
@@ -312,22 +354,36 @@ class SQLiteKV(KVStore):
                     ok: bool
                     result: str | None = None
                     if isinstance(item, Create):
-                        result = self._create_in(c, scope, item.key, item.value, self._expires_at(item.ttl, now), now)
+                        result = self._create_in(
+                            c, scope, item.key, item.value, self._expires_at(item.ttl, now), now
+                        )
                         ok = result is not None
                     elif isinstance(item, Replace):
                         result = self._replace_in(
-                            c, scope, item.key, item.value, item.expected_version, self._expires_at(item.ttl, now), now
+                            c,
+                            scope,
+                            item.key,
+                            item.value,
+                            item.expected_version,
+                            self._expires_at(item.ttl, now),
+                            now,
                         )
                         ok = result is not None
                     elif isinstance(item, Delete):
                         if item.expected_version is None:
-                            c.execute("DELETE FROM agent_stores_kv WHERE scope = ? AND key = ?", (scope, item.key))
+                            c.execute(
+                                "DELETE FROM agent_stores_kv WHERE scope = ? AND key = ?",
+                                (scope, item.key),
+                            )
                             ok = True
                         else:
-                            ok = c.execute(
-                                f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
-                                (scope, item.key, item.expected_version, now),
-                            ).rowcount == 1
+                            ok = (
+                                c.execute(
+                                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
+                                    (scope, item.key, item.expected_version, now),
+                                ).rowcount
+                                == 1
+                            )
                     else:
                         assert isinstance(item, Check)
                         row = c.execute(
@@ -337,7 +393,10 @@ class SQLiteKV(KVStore):
                         ok = (row[0] if row else None) == item.expected_version
                     if not ok:
                         raise ConflictError(
-                            f"operation {index} ({type(item).__name__}) failed", scope=scope, key=item.key, index=index
+                            f"operation {index} ({type(item).__name__}) failed",
+                            scope=scope,
+                            key=item.key,
+                            index=index,
                         )
                     results.append(result)
                 c.execute("COMMIT")

@@ -8,6 +8,7 @@ optional dependency only affects its own command.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 import click
@@ -16,11 +17,26 @@ from .. import __version__
 
 #: command name -> "module:attribute" (a click command), imported on use.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "backends": ("agent_stores.cli.backends:backends", "List installed backends, their schemes and plugin load errors."),
-    "check": ("agent_stores.cli.check:check", "Connect to a URL and time a CAS round trip in a throwaway scope."),
-    "setup": ("agent_stores.cli.admin:setup", "Create the backend's tables or schema (idempotent)."),
-    "purge": ("agent_stores.cli.admin:purge", "Delete expired entries the backend does not collect itself."),
-    "demo": ("agent_stores.cli.demo:demo", "Run the scripted agent demo on the embedded default (no API key)."),
+    "backends": (
+        "agent_stores.cli.backends:backends",
+        "List installed backends, their schemes and plugin load errors.",
+    ),
+    "check": (
+        "agent_stores.cli.check:check",
+        "Connect to a URL and time a CAS round trip in a throwaway scope.",
+    ),
+    "setup": (
+        "agent_stores.cli.admin:setup",
+        "Create the backend's tables or schema (idempotent).",
+    ),
+    "purge": (
+        "agent_stores.cli.admin:purge",
+        "Delete expired entries the backend does not collect itself.",
+    ),
+    "demo": (
+        "agent_stores.cli.demo:demo",
+        "Run the scripted agent demo on the embedded default (no API key).",
+    ),
     "sessions": ("agent_stores.cli.sessions:sessions", "Inspect and repair session stores."),
     "memory": ("agent_stores.cli.memory:memory", "Browse and edit memory files."),
     "runs": ("agent_stores.cli.runs:runs", "List, show and delete checkpointed runs."),

@@ -26,7 +26,8 @@ def backends_report() -> dict[str, Any]:
             for info in sorted(registry.backends.values(), key=lambda i: i.scheme)
         ],
         "failures": [
-            {"plugin": f.plugin, "distribution": f.distribution, "error": f.error} for f in registry.failures
+            {"plugin": f.plugin, "distribution": f.distribution, "error": f.error}
+            for f in registry.failures
         ],
         "disabled": sorted(registry.disabled),
     }
@@ -47,7 +48,9 @@ def backends(as_json: bool) -> None:
     ]
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
     for row in rows:
-        click.echo("  ".join(str(c).ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4])
+        click.echo(
+            "  ".join(str(c).ljust(w) for c, w in zip(row[:4], widths, strict=True)) + "  " + row[4]
+        )
     for failure in report["failures"]:
         click.secho(
             f"plugin {failure['plugin']!r} ({failure['distribution'] or 'unknown distribution'}) failed to load: "
@@ -56,4 +59,6 @@ def backends(as_json: bool) -> None:
             err=True,
         )
     if report["disabled"]:
-        click.echo(f"disabled by AGENT_STORES_DISABLE_PLUGINS: {', '.join(report['disabled'])}", err=True)
+        click.echo(
+            f"disabled by AGENT_STORES_DISABLE_PLUGINS: {', '.join(report['disabled'])}", err=True
+        )

@@ -35,7 +35,9 @@ async def check(url: str | None, rounds: int) -> None:
         version = await kv.create(scope, "probe", b"0", ttl=300)
         for i in range(1, rounds + 1):
             t0 = time.perf_counter()
-            version = await kv.replace(scope, "probe", str(i).encode(), expected_version=version, ttl=300)
+            version = await kv.replace(
+                scope, "probe", str(i).encode(), expected_version=version, ttl=300
+            )
             timings.append((time.perf_counter() - t0) * 1000)
         entry = await kv.get(scope, "probe")
         if entry is None or entry.value != str(rounds).encode() or entry.version != version:

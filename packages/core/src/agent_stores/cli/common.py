@@ -31,7 +31,12 @@ def run_async(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
 
 def url_argument(required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A ``URL`` positional argument; optional ones default to ``default_url()``."""
-    return click.argument("url", required=required, default=None if required else None, metavar="URL" if required else "[URL]")
+    return click.argument(
+        "url",
+        required=required,
+        default=None,
+        metavar="URL" if required else "[URL]",
+    )
 
 
 def resolve_url(url: str | None) -> str:

@@ -227,7 +227,9 @@ class KVStore(ABC):
         self._check_ids(scope, key)
         self._check_value(scope, key, value)
         now = self.clock()
-        return await self._replace(scope, key, value, expected_version, self._expires_at(ttl, now), now)
+        return await self._replace(
+            scope, key, value, expected_version, self._expires_at(ttl, now), now
+        )
 
     async def delete(self, scope: str, key: str, *, expected_version: str | None = None) -> bool:
         """Delete the live entry (only at ``expected_version`` when given). True if it happened."""
@@ -261,14 +263,18 @@ class KVStore(ABC):
         """Every live key of ``scope`` under ``prefix``, paging through :meth:`scan`."""
         start_after: str | None = None
         while True:
-            page = await self.scan(scope, prefix=prefix, start_after=start_after, limit=page_size, values=values)
+            page = await self.scan(
+                scope, prefix=prefix, start_after=start_after, limit=page_size, values=values
+            )
             for item in page:
                 yield item
             if len(page) < page_size:
                 return
             start_after = page[-1].key
 
-    async def scopes(self, *, prefix: str = "", start_after: str | None = None, limit: int = 100) -> list[str]:
+    async def scopes(
+        self, *, prefix: str = "", start_after: str | None = None, limit: int = 100
+    ) -> list[str]:
         """Scopes holding at least one entry, in byte order. Admin use: may be slow."""
         self._check_open()
         if limit < 1:
@@ -337,7 +343,7 @@ class KVStore(ABC):
 
     # -- primitives a backend implements ------------------------------------------------
 
-    async def _aclose(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+    async def _aclose(self) -> None:
         """Release resources. Called once."""
 
     @abstractmethod
@@ -387,7 +393,9 @@ class KVStore(ABC):
         """Up to ``limit`` live keys in byte order, never reading the whole scope."""
 
     @abstractmethod
-    async def _scopes(self, prefix: str, start_after: str | None, limit: int, now: float) -> list[str]:
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
         """Scopes with entries (expired-only scopes may be listed), in byte order."""
 
     @abstractmethod
@@ -422,10 +430,14 @@ def _check_id(kind: str, value: str, max_chars: int) -> None:
     if not value:
         raise InvalidIdError(detail=f"{kind} must not be empty")
     if len(value) > max_chars:
-        raise InvalidIdError(detail=f"{kind} {value[:40]!r}… is {len(value)} characters; the limit is {max_chars}")
+        raise InvalidIdError(
+            detail=f"{kind} {value[:40]!r}… is {len(value)} characters; the limit is {max_chars}"
+        )
     if "\x00" in value:
         raise InvalidIdError(detail=f"{kind} {value[:80]!r} contains a NUL character")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidIdError(detail=f"{kind} {value[:80]!r} is not valid Unicode (lone surrogate)") from None
+        raise InvalidIdError(
+            detail=f"{kind} {value[:80]!r} is not valid Unicode (lone surrogate)"
+        ) from None

@@ -22,7 +22,6 @@ class CountingKV(KVStore):
         self.inner = inner
         self.limits = inner.limits
         self.capabilities = inner.capabilities
-        self.backend_name = inner.backend_name
         self.calls: Counter[str] = Counter()
         self.bytes_written = 0
         self.bytes_read = 0
@@ -37,6 +36,11 @@ class CountingKV(KVStore):
     def total_calls(self) -> int:
         """Number of primitive calls (each one round trip on a networked backend)."""
         return sum(self.calls.values())
+
+    @property
+    def inner_backend_name(self) -> str:
+        """The wrapped backend's name."""
+        return self.inner.backend_name
 
     def describe(self) -> str:
         return f"counting({self.inner.describe()})"
@@ -63,13 +67,21 @@ class CountingKV(KVStore):
             self._read(entry)
         return found
 
-    async def _create(self, scope: str, key: str, value: bytes, expires_at: float | None, now: float) -> str:
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
         self.calls["create"] += 1
         self.bytes_written += len(value)
         return await self.inner._create(scope, key, value, expires_at, now)
 
     async def _replace(
-        self, scope: str, key: str, value: bytes, expected_version: str, expires_at: float | None, now: float
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
     ) -> str:
         self.calls["replace"] += 1
         self.bytes_written += len(value)
@@ -88,7 +100,9 @@ class CountingKV(KVStore):
             self._read(item.entry)
         return items
 
-    async def _scopes(self, prefix: str, start_after: str | None, limit: int, now: float) -> list[str]:
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
         self.calls["scopes"] += 1
         return await self.inner._scopes(prefix, start_after, limit, now)
 
