@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import Any
 
 import click
 
 from .. import __version__
+from ..errors import AppError
 
 #: command name -> "module:attribute" (a click command), imported on use.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -82,5 +84,9 @@ def cli() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    cli(prog_name="agent-stores")
+    """Console-script entry point: agent-stores errors become one clean line, exit status 1."""
+    try:
+        cli(prog_name="agent-stores")
+    except AppError as exc:
+        click.secho(f"Error: {exc.code}: {exc.detail}", fg="red", err=True)
+        sys.exit(1)

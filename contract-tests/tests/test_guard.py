@@ -1,0 +1,103 @@
+"""The guard: a backend's test module cannot silently drop or override a contract test."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from agent_stores_contract import KVContract
+from agent_stores_contract.plugin import check_contract_class, standard_tests
+
+HEADER = """
+import pytest
+from agent_stores_contract import KVContract
+"""
+
+
+def _run(pytester: pytest.Pytester, body: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_backend=HEADER + body)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--store-url", "memory://", *args)
+
+
+def test_plain_subclass_runs_every_standard_test(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "class TestMine(KVContract):\n    pass\n")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == len(standard_tests(KVContract))
+
+
+def test_dropping_a_test_fails_the_run(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "class TestMine(KVContract):\n    test_create_then_get = None\n")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*test_create_then_get is dropped*"])
+
+
+def test_silent_override_fails_the_run(pytester: pytest.Pytester) -> None:
+    body = """
+class TestMine(KVContract):
+    async def test_create_then_get(self, kv, ns):
+        pass
+"""
+    result = _run(pytester, body)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*test_create_then_get overrides a standard test*"])
+
+
+def test_non_strict_xfail_override_fails_the_run(pytester: pytest.Pytester) -> None:
+    body = """
+class TestMine(KVContract):
+    @pytest.mark.xfail(reason="flaky")
+    async def test_create_then_get(self, kv, ns):
+        await super().test_create_then_get(kv, ns)
+"""
+    result = _run(pytester, body)
+    assert result.ret != 0
+
+
+def test_strict_xfail_with_reason_is_accepted_and_strict(pytester: pytest.Pytester) -> None:
+    # The test passes on memory://, so a strict xfail must turn it red (XPASS(strict)).
+    body = """
+class TestMine(KVContract):
+    contract_xfails = {"test_create_then_get": "emulator X lacks conditional writes"}
+"""
+    result = _run(pytester, body, "-k", "test_create_then_get")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*XPASS(strict)*emulator X lacks conditional writes*"])
+
+
+def test_marked_override_is_accepted(pytester: pytest.Pytester) -> None:
+    body = """
+class TestMine(KVContract):
+    @pytest.mark.xfail(strict=True, reason="known gap of emulator Y")
+    async def test_create_then_get(self, kv, ns):
+        raise AssertionError("emulator Y returns nothing")
+"""
+    result = _run(pytester, body, "-k", "test_create_then_get")
+    result.assert_outcomes(xfailed=1)
+
+
+def test_contract_xfails_must_name_real_tests() -> None:
+    class Mine(KVContract):
+        contract_xfails = {"test_does_not_exist": "x", "test_create_then_get": " "}
+
+    problems = check_contract_class(Mine)
+    assert any("test_does_not_exist" in p for p in problems)
+    assert any("has no reason" in p for p in problems)
+
+
+def test_every_contract_test_states_its_guarantee() -> None:
+    import agent_stores_contract as contract
+
+    classes = [KVContract]
+    for name in ("SessionContract", "MemoryContract", "CheckpointerContract"):
+        try:
+            classes.append(getattr(contract, name))
+        except (ImportError, AttributeError):
+            continue
+    for cls in classes:
+        tests = standard_tests(cls)
+        assert tests, cls
+        for name, func in tests.items():
+            doc = inspect.getdoc(func)
+            assert doc and len(doc) > 20, f"{cls.__name__}.{name} has no docstring stating its guarantee"

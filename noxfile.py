@@ -1,0 +1,201 @@
+"""Development tasks: ``nox -s tests contract lint docs`` is what CI runs.
+
+Sessions install the locked workspace (``uv.lock``) into their own virtualenv with
+``uv sync --frozen``. Backends are tested against real servers started and stopped by
+``scripts/servers/*.py``.
+
+    nox -s contract                  # every backend whose server can run here
+    nox -s contract -- sqlite redis  # only these
+    nox -s contract -- --url URL [--install PATH_OR_REQUIREMENT ...]
+                                     # any installed backend (third parties)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["tests", "contract", "lint", "docs"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = os.environ.get(
+    "AGENT_STORES_NOX_PYTHON", f"{sys.version_info.major}.{sys.version_info.minor}"
+)
+
+
+def _install(session: nox.Session, *groups: str) -> None:
+    """Install the locked workspace (every package, editable) plus dependency groups."""
+    args = ["uv", "sync", "--frozen", "--all-packages", "--inexact"]
+    for group in groups:
+        args += ["--group", group]
+    session.run_install(
+        *args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+        silent=True,
+    )
+
+
+def _server_module(name: str) -> ModuleType | None:
+    path = ROOT / "scripts" / "servers" / f"{name}.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(f"agent_stores_servers_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def _sqlite_urls() -> Iterator[dict[str, str]]:
+    folder = Path(tempfile.mkdtemp(prefix="agent-stores-contract-"))
+    try:
+        yield {"sqlite": f"sqlite:///{folder / 'contract.db'}"}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _memory_urls() -> Iterator[dict[str, str]]:
+    yield {"memory": f"memory://contract-{uuid.uuid4().hex[:8]}"}
+
+
+def _redis_available() -> bool:
+    return shutil.which("redis-server") is not None and _server_module("redis") is not None
+
+
+def _postgres_available() -> bool:
+    module = _server_module("postgres")
+    return module is not None and bool(getattr(module, "available", lambda: True)())
+
+
+@contextlib.contextmanager
+def _redis_urls() -> Iterator[dict[str, str]]:
+    module = _server_module("redis")
+    assert module is not None
+    with module.redis_servers() as urls:
+        yield dict(urls)
+
+
+@contextlib.contextmanager
+def _postgres_urls() -> Iterator[dict[str, str]]:
+    module = _server_module("postgres")
+    assert module is not None
+    with module.postgres_server() as urls:
+        yield dict(urls)
+
+
+# backend name -> (is it runnable here?, context manager yielding {label: url})
+BACKENDS: dict[
+    str, tuple[Callable[[], bool], Callable[[], contextlib.AbstractContextManager[dict[str, str]]]]
+] = {
+    "memory": (lambda: True, _memory_urls),
+    "sqlite": (lambda: True, _sqlite_urls),
+    "redis": (_redis_available, _redis_urls),
+    "postgres": (_postgres_available, _postgres_urls),
+}
+
+# Environment variables through which the backend packages' own tests find their servers.
+TEST_URL_ENV = {
+    "redis": "AGENT_STORES_TEST_REDIS_URL",
+    "redis-cluster": "AGENT_STORES_TEST_REDIS_CLUSTER_URL",
+    "postgres": "AGENT_STORES_TEST_POSTGRES_URL",
+}
+
+
+def _run_contract(session: nox.Session, label: str, url: str, extra: list[str]) -> None:
+    session.log(f"contract suite on {label}")
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "agent_stores_contract.suite",
+        "--store-url",
+        url,
+        *extra,
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+    )
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Unit tests of every package (backend packages against their real servers)."""
+    _install(session)
+    paths = ["packages/core/tests", "contract-tests/tests"]
+    env: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        for name in ("redis", "postgres"):
+            package_tests = ROOT / "packages" / name / "tests"
+            if not package_tests.exists():
+                continue
+            available, urls = BACKENDS[name]
+            if not available():
+                session.error(f"the {name} tests need a {name} server and none can be started here")
+            for label, url in stack.enter_context(urls()).items():
+                env[TEST_URL_ENV[label]] = url
+            paths.append(str(package_tests.relative_to(ROOT)))
+        session.run("pytest", *paths, *session.posargs, env=env)
+
+
+@nox.session(python=PYTHON)
+def contract(session: nox.Session) -> None:
+    """The contract suite against our backends (posargs: names) or any URL (``--url URL``)."""
+    _install(session)
+    args = list(session.posargs)
+    if "--url" in args:
+        index = args.index("--url")
+        url = args[index + 1]
+        del args[index : index + 2]
+        while "--install" in args:
+            index = args.index("--install")
+            session.install(args[index + 1])
+            del args[index : index + 2]
+        _run_contract(session, "the given URL", url, args)
+        return
+    names = [a for a in args if not a.startswith("-")]
+    extra = [a for a in args if a.startswith("-")]
+    unknown = set(names) - set(BACKENDS)
+    if unknown:
+        session.error(
+            f"unknown backend(s) {sorted(unknown)}; choose from {sorted(BACKENDS)} or use --url URL"
+        )
+    selected = names or [name for name, (available, _) in BACKENDS.items() if available()]
+    for name in selected:
+        available, urls = BACKENDS[name]
+        if not available():
+            session.error(f"no {name} server can be started here")
+        with urls() as found:
+            for label, url in found.items():
+                _run_contract(session, label, url, extra)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format check) and strict mypy."""
+    _install(session)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the documentation strictly (API reference generated from docstrings)."""
+    _install(session, "docs")
+    session.run(
+        "mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site")
+    )

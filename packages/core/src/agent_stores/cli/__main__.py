@@ -1,0 +1,5 @@
+"""``python -m agent_stores.cli``."""
+
+from . import main
+
+main()
