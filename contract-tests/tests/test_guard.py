@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from agent_stores_contract import KVContract
 from agent_stores_contract.plugin import check_contract_class, standard_tests
 

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 from agent_stores.cli import cli
+from click.testing import CliRunner
 
 
 @pytest.fixture

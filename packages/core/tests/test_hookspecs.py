@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pluggy
-
 from agent_stores import hookspecs
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins.md"

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from agent_stores import PluginLoadError, hookimpl
 from agent_stores.plugins import load_registry
 

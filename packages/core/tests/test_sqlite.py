@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from agent_stores import BackendUnavailableError, open_kv
 from agent_stores.backends.sqlite import SQLiteKV
 
@@ -77,7 +76,7 @@ async def test_not_a_database_is_a_typed_error(tmp_path: Path) -> None:
     path = tmp_path / "garbage.db"
     path.write_bytes(b"this is not a sqlite database" * 100)
     kv = SQLiteKV(path)
-    with pytest.raises(BackendUnavailableError, match="garbage.db"):
+    with pytest.raises(BackendUnavailableError, match=r"garbage\.db"):
         await kv.get("s", "k")
     assert path.read_bytes().startswith(b"this is not a sqlite database"), "the file was modified"
     await kv.aclose()

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 
 import pytest
-
 from agent_stores import MalformedURLError, StoreURL, open_kv
 from agent_stores.url import redact
 
