@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, cast
 
+from .errors import ConfigError
 from .kv.base import KVStore
 from .plugins import get_registry
 from .selection import UrlLike, open_kv
@@ -54,7 +55,12 @@ class StoreConnection:
         native = get_registry().hook.session_store(url=self.url, kv=self.kv, options=options)
         if native is not None:
             return cast("SessionStore", native)
-        from .sessions import SessionStore
+        try:
+            from .sessions import SessionStore
+        except ImportError as exc:
+            if exc.name and exc.name.startswith("pydantic_ai"):
+                raise _needs_harness("session store", exc) from exc
+            raise
 
         return SessionStore(self.kv, **options)
 
@@ -63,7 +69,12 @@ class StoreConnection:
         native = get_registry().hook.memory_store(url=self.url, kv=self.kv, options=options)
         if native is not None:
             return cast("KVMemoryStore", native)
-        from .memory import KVMemoryStore
+        try:
+            from .memory import KVMemoryStore
+        except ImportError as exc:
+            if exc.name and exc.name.startswith("pydantic_ai"):
+                raise _needs_harness("memory store", exc) from exc
+            raise
 
         return KVMemoryStore(self.kv, **options)
 
@@ -72,9 +83,21 @@ class StoreConnection:
         native = get_registry().hook.checkpointer(url=self.url, kv=self.kv, options=options)
         if native is not None:
             return cast("Checkpointer", native)
-        from .checkpointer import Checkpointer
+        try:
+            from .checkpointer import Checkpointer
+        except ImportError as exc:
+            if exc.name and exc.name.startswith("pydantic_ai"):
+                raise _needs_harness("checkpointer", exc) from exc
+            raise
 
         return Checkpointer(self.kv, **options)
+
+
+def _needs_harness(feature: str, exc: ImportError) -> ConfigError:
+    return ConfigError(
+        detail=f"the {feature} needs Pydantic AI ({exc.name or exc}); install it with: "
+        "pip install 'agent-stores[harness]'"
+    )
 
 
 def connect(url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> StoreConnection:
