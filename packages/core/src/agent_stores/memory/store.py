@@ -1,0 +1,812 @@
+"""``KVMemoryStore``: the harness memory protocols on any KV CAS backend.
+
+A write and its operation receipt are one compare-and-swap on the file's record, so a
+write that landed is always known to have landed: retried with the same operation after
+a lost acknowledgement, it is replayed, never reported as a conflict, and a crash
+between any two steps leaves nothing half-reserved. The global receipt index, which
+:meth:`KVMemoryStore.get_operation` reads, is written right after the CAS and repaired
+by the next replay if that write was lost. See ``_records`` for the layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from ..errors import (
+    BackendUnavailableError,
+    ConflictError,
+    CorruptRecordError,
+    ValueTooLargeError,
+)
+from ..kv.base import Entry, KVStore, new_version
+from ._harness import (
+    MemoryConflictError,
+    MemoryFile,
+    MemoryMutation,
+    MemoryOperation,
+    MemoryOperationConflictError,
+    MemorySearchResult,
+    decode_metadata,
+    encode_metadata,
+    lexical_search,
+    validate_store_path,
+    validate_store_prefix,
+)
+from ._records import (
+    CHUNK_PREFIX,
+    INTERNAL_KEY_MARK,
+    MARKER_SUFFIX,
+    FileRecord,
+    IndexEntry,
+    Receipt,
+    content_chunk_key,
+    decode_text,
+    digest,
+    encode_text,
+    metadata_chunk_key,
+    parse_chunk_key,
+    split_utf8,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SCOPE_PREFIX = "memory:"
+DEFAULT_RECEIPT_TTL = 7 * 24 * 3600.0
+DEFAULT_MAX_RECEIPTS_PER_FILE = 32
+DEFAULT_PAGE_SIZE = 256
+DEFAULT_CHUNK_GRACE = 3600.0
+MIN_RECORD_BYTES = 1024
+
+# A CAS that loses to a concurrent writer re-reads; each lost round means the file changed,
+# which the next round reports as MemoryConflictError unless only receipts on a tombstone moved.
+_MAX_CAS_ROUNDS = 64
+# A reader that finds the chunks of the version it read already replaced re-reads the record.
+_MAX_READ_ROUNDS = 16
+_MARKER_VALUE = b"{}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Location:
+    path: str
+    directory: str
+    name: str
+    scope: str
+
+
+@dataclass(slots=True)
+class _Staged:
+    """Chunks of one write, created before the CAS and reused by its retries."""
+
+    token: str
+    content_sizes: list[int]
+    content_pieces: list[bytes]
+    metadata_pieces: list[bytes]
+    content_written: bool = False
+    metadata_written: bool = False
+
+
+class KVMemoryStore:
+    """A ``pydantic_ai_harness.memory`` store on a :class:`~agent_stores.kv.KVStore`.
+
+    Satisfies ``MemoryStore``, ``SearchableMemoryStore`` and ``MetadataMemoryStore``, so
+    ``Memory(store=KVMemoryStore(kv), namespace=...)`` works unchanged.
+
+    Args:
+        kv: the KV store holding the files.
+        owns_kv: close ``kv`` in :meth:`aclose`.
+        scope_prefix: prepended to every KV scope this store uses, so several memory stores
+            (or other stores) can share one KV store.
+        receipt_ttl: seconds an operation receipt is kept for replay; tombstones and index
+            entries expire after it, and older receipts are dropped from file records.
+        max_receipts_per_file: receipts a file record keeps (the newest ones).
+        max_record_bytes: cap on one KV value, below the backend's own limit; larger files
+            are split into chunks, never truncated.
+        page_size: keys read per scan page.
+        chunk_grace: seconds before an unreferenced chunk (left by a crash) may be
+            collected by :meth:`collect_garbage`.
+    """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        *,
+        owns_kv: bool = False,
+        scope_prefix: str = DEFAULT_SCOPE_PREFIX,
+        receipt_ttl: float = DEFAULT_RECEIPT_TTL,
+        max_receipts_per_file: int = DEFAULT_MAX_RECEIPTS_PER_FILE,
+        max_record_bytes: int | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        chunk_grace: float = DEFAULT_CHUNK_GRACE,
+    ) -> None:
+        if not isinstance(scope_prefix, str) or not scope_prefix:
+            raise ValueError("scope_prefix must be a non-empty string")
+        if receipt_ttl <= 0:
+            raise ValueError("receipt_ttl must be positive")
+        if max_receipts_per_file < 1:
+            raise ValueError("max_receipts_per_file must be >= 1")
+        if max_record_bytes is not None and max_record_bytes < MIN_RECORD_BYTES:
+            raise ValueError(f"max_record_bytes must be >= {MIN_RECORD_BYTES}")
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        if chunk_grace < 0:
+            raise ValueError("chunk_grace must be >= 0")
+        self.kv = kv
+        self._owns_kv = owns_kv
+        self._prefix = scope_prefix
+        self._receipt_ttl = float(receipt_ttl)
+        self._max_receipts = max_receipts_per_file
+        limit = kv.limits.max_value_bytes
+        self._record_bytes = min(limit, max_record_bytes) if max_record_bytes else limit
+        self._page_size = page_size
+        self._chunk_grace = float(chunk_grace)
+        # Directories whose markers this process has seen written: creating a file in one
+        # costs no marker writes after the first time.
+        self._known_dirs: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the KV store if this store owns it (``owns_kv=True``). Idempotent."""
+        if self._owns_kv:
+            await self.kv.aclose()
+
+    # -- MemoryStore ----------------------------------------------------------------------
+
+    async def read(self, path: str, *, max_chars: int) -> MemoryFile | None:
+        """The file at ``path`` cut to ``max_chars`` characters (``truncated`` set), or None."""
+        validate_store_path(path)
+        if max_chars <= 0:
+            raise ValueError("max_chars must be positive")
+        loc = self._locate(path)
+        previous_token: str | None = None
+        for _ in range(_MAX_READ_ROUNDS):
+            entry = await self.kv.get(loc.scope, loc.name)
+            record = self._decode(entry, loc)
+            if record is None or not record.live:
+                return None
+            fetched = await self._fetch(loc.scope, [(loc.name, record)], max_chars, metadata=True)
+            if loc.name in fetched:
+                content, metadata = fetched[loc.name]
+                return MemoryFile(
+                    content=content,
+                    version=str(record.version),
+                    operation_id=record.operation_id,
+                    truncated=record.length > max_chars,
+                    metadata=decode_metadata(metadata),
+                )
+            if record.token == previous_token:
+                raise CorruptRecordError(
+                    detail=f"memory file {path!r}: chunks of its current version are missing"
+                )
+            previous_token = record.token
+        raise BackendUnavailableError(detail=f"memory file {path!r} kept changing while being read")
+
+    async def get_operation(self, operation: MemoryOperation) -> MemoryMutation | None:
+        """The result of a completed ``operation`` (``replayed=True``), or None if unknown.
+
+        Raises ``MemoryOperationConflictError`` when the id was used with another fingerprint.
+        """
+        entry = await self._get_index(operation)
+        if entry is None:
+            return None
+        if entry.fingerprint != digest(operation.fingerprint):
+            raise _reused(operation)
+        return MemoryMutation(version=entry.version, replayed=True, existed=entry.existed)
+
+    async def write(
+        self,
+        path: str,
+        content: str,
+        *,
+        expected_version: str | None,
+        operation: MemoryOperation | None = None,
+    ) -> MemoryMutation:
+        """Create or replace ``path`` if its version is ``expected_version`` (None: must not exist)."""
+        return await self.write_with_metadata(
+            path, content, expected_version=expected_version, metadata=None, operation=operation
+        )
+
+    async def write_with_metadata(
+        self,
+        path: str,
+        content: str,
+        *,
+        expected_version: str | None,
+        metadata: Mapping[str, str] | None,
+        operation: MemoryOperation | None = None,
+    ) -> MemoryMutation:
+        """:meth:`write`, recording ``metadata`` with the new version (None or empty: none)."""
+        validate_store_path(path)
+        encoded = encode_metadata(metadata)
+        if not isinstance(content, str):
+            raise TypeError(f"memory content must be a string, got {type(content).__name__}")
+        return await self._mutate(
+            self._locate(path), content, encoded, expected_version, operation, delete=False
+        )
+
+    async def delete(
+        self,
+        path: str,
+        *,
+        expected_version: str | None,
+        operation: MemoryOperation | None = None,
+    ) -> MemoryMutation:
+        """Delete ``path`` if its version is ``expected_version``; deleting an absent path
+        with ``expected_version=None`` succeeds with ``existed=False``."""
+        validate_store_path(path)
+        return await self._mutate(
+            self._locate(path), None, None, expected_version, operation, delete=True
+        )
+
+    async def list_paths(self, prefix: str = "", *, limit: int) -> list[str]:
+        """Up to ``limit`` stored paths starting with ``prefix``, sorted (nested ones included).
+
+        Reads only the directory of ``prefix`` and the directories below it.
+        """
+        validate_store_prefix(prefix)
+        if limit <= 0:
+            raise ValueError("limit must be positive")
+        directory, _, key_prefix = prefix.rpartition("/")
+        page = min(limit + 1, self._page_size)
+        paths: list[str] = []
+        async with aclosing(self._walk(directory, key_prefix, page)) as files:
+            async for path, _, _ in files:
+                paths.append(path)
+                if len(paths) >= limit:
+                    break
+        return paths
+
+    # -- SearchableMemoryStore ------------------------------------------------------------
+
+    async def search(
+        self,
+        prefix: str,
+        query: str,
+        *,
+        limit: int,
+        max_files: int,
+        max_chars: int,
+        max_file_chars: int,
+    ) -> MemorySearchResult:
+        """Lexical search of the files directly below ``prefix`` (never nested scopes).
+
+        Reads at most ``max_files + 1`` records in scan pages and their chunks in one
+        batched read per search, so the cost does not grow with one round trip per file.
+        """
+        validate_store_prefix(prefix)
+        if (
+            not query.split()
+            or limit <= 0
+            or max_files <= 0
+            or max_chars <= 0
+            or max_file_chars <= 0
+        ):
+            return MemorySearchResult(matches=[], scanned=0, truncated=False)
+        directory, _, key_prefix = prefix.rpartition("/")
+        scope = self._scope(directory)
+        base = f"{directory}/" if directory else ""
+        selected: list[tuple[str, FileRecord]] = []
+        page_size = min(max_files + 1, self._page_size)
+        start_after: str | None = None
+        while len(selected) <= max_files:
+            page = await self.kv.scan(
+                scope, prefix=key_prefix, start_after=start_after, limit=page_size, values=True
+            )
+            finished = len(page) < page_size
+            for item in page:
+                if item.key.startswith(INTERNAL_KEY_MARK):
+                    finished = True
+                    break
+                if item.key.endswith(MARKER_SUFFIX):
+                    continue
+                record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
+                if record is None or not record.live:
+                    continue
+                selected.append((item.key, record))
+                if len(selected) > max_files:
+                    break
+            if finished or not page:
+                break
+            start_after = page[-1].key
+        scanned = selected[:max_files]
+        fetched = await self._fetch(scope, scanned, max_file_chars, metadata=False)
+        files: list[tuple[str, str]] = []
+        content_truncated = False
+        for name, record in scanned:
+            if name in fetched:
+                text = fetched[name][0]
+                content_truncated = content_truncated or record.length > max_file_chars
+            else:
+                # Rewritten since the scan: read the current version on its own (rare).
+                current = await self.read(base + name, max_chars=max_file_chars)
+                if current is None:
+                    continue
+                text = current.content
+                content_truncated = content_truncated or current.truncated
+            files.append((base + name, text))
+        result = await lexical_search(
+            files, query, limit=limit, max_files=max_files, max_chars=max_chars, score_prefix=prefix
+        )
+        return MemorySearchResult(
+            matches=result.matches,
+            scanned=result.scanned,
+            truncated=result.truncated or content_truncated or len(selected) > max_files,
+        )
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    async def collect_garbage(self, directory: str = "") -> int:
+        """Delete chunks no record references (left by a crash mid-write) under ``directory``.
+
+        Only chunks older than ``chunk_grace`` are touched, so a write still in flight never
+        loses the chunks it is about to reference. Returns how many were deleted.
+        """
+        if directory:
+            validate_store_path(directory)
+        now = self.kv.clock()
+        removed = 0
+        async with aclosing(self._directories(directory)) as directories:
+            async for current in directories:
+                removed += await self._collect_scope(self._scope(current), now)
+        return removed
+
+    # -- layout ---------------------------------------------------------------------------
+
+    def _scope(self, directory: str) -> str:
+        scope = self._prefix + directory
+        if len(scope) > self.kv.limits.max_scope_chars:
+            # Deep paths may outgrow the backend's scope limit; "~" never occurs in a path,
+            # so the hashed form cannot collide with a plain one.
+            scope = f"{self._prefix}~h/{digest(directory)}"
+        return scope
+
+    def _locate(self, path: str) -> _Location:
+        directory, _, name = path.rpartition("/")
+        return _Location(path, directory, name, self._scope(directory))
+
+    def _index_key(self, operation: MemoryOperation) -> tuple[str, str]:
+        key = digest(operation.id)
+        # Spread over 256 scopes so no single partition takes every receipt.
+        return f"{self._prefix}~ops/{key[:2]}", key
+
+    def _decode(
+        self, entry: Entry | None, loc: _Location | None, *, where: str = ""
+    ) -> FileRecord | None:
+        if entry is None:
+            return None
+        label = where or (f"{loc.scope}/{loc.name}" if loc else "?")
+        return FileRecord.load(entry.value, where=repr(label))
+
+    # -- mutations ------------------------------------------------------------------------
+
+    async def _mutate(
+        self,
+        loc: _Location,
+        content: str | None,
+        metadata: str | None,
+        expected_version: str | None,
+        operation: MemoryOperation | None,
+        *,
+        delete: bool,
+    ) -> MemoryMutation:
+        staged: _Staged | None = None
+        landed = False
+        try:
+            for _ in range(_MAX_CAS_ROUNDS):
+                entry, indexed = await self._load(loc, operation)
+                record = self._decode(entry, loc)
+                if operation is not None:
+                    replay = self._replay(operation, indexed, record)
+                    if replay is not None:
+                        if indexed is None:
+                            # The index write after the original CAS was lost: repair it.
+                            await self._write_index(operation, loc.path, replay)
+                        return replay
+                live = record is not None and record.live
+                current = record.version if record is not None and live else None
+                if current != expected_version:
+                    verb = "deleted" if delete else "written"
+                    raise MemoryConflictError(
+                        f"memory path {loc.path!r} changed before it could be {verb}"
+                    )
+                now = self.kv.clock()
+                version = None if delete else new_version()
+                mutation = MemoryMutation(version=version, replayed=False, existed=live)
+                receipts = self._kept_receipts(record, now)
+                if operation is not None:
+                    receipts.append(
+                        Receipt(
+                            digest(operation.id), digest(operation.fingerprint), version, live, now
+                        )
+                    )
+                if delete:
+                    if not live and operation is None:
+                        return mutation  # nothing to remove and no receipt to keep
+                    new_record = FileRecord(live=False, receipts=receipts)
+                    new_record.receipts = self._fit_receipts(new_record)
+                    ttl: float | None = self._receipt_ttl
+                else:
+                    assert content is not None and version is not None
+                    new_record, staged = await self._live_record(
+                        loc, content, metadata, version, operation, receipts, staged, now
+                    )
+                    ttl = None
+                    if not live:
+                        await self._ensure_directories(loc.directory)
+                try:
+                    if entry is None:
+                        await self.kv.create(loc.scope, loc.name, new_record.dump(), ttl=ttl)
+                    else:
+                        await self.kv.replace(
+                            loc.scope,
+                            loc.name,
+                            new_record.dump(),
+                            expected_version=entry.version,
+                            ttl=ttl,
+                        )
+                except ConflictError:
+                    continue  # another writer got there first: re-read and decide again
+                landed = True
+                await self._after_landing(loc, record, new_record, operation, mutation)
+                return mutation
+            raise MemoryConflictError(f"memory path {loc.path!r} kept changing; giving up")
+        except (MemoryConflictError, MemoryOperationConflictError):
+            # A definite refusal: nothing landed, so the staged chunks are garbage now.
+            if staged is not None and not landed:
+                await self._discard(loc.scope, _staged_keys(loc.name, staged))
+            raise
+
+    async def _load(
+        self, loc: _Location, operation: MemoryOperation | None
+    ) -> tuple[Entry | None, IndexEntry | None]:
+        if operation is None:
+            return await self.kv.get(loc.scope, loc.name), None
+        entry, indexed = await asyncio.gather(
+            self.kv.get(loc.scope, loc.name), self._get_index(operation)
+        )
+        return entry, indexed
+
+    async def _get_index(self, operation: MemoryOperation) -> IndexEntry | None:
+        scope, key = self._index_key(operation)
+        entry = await self.kv.get(scope, key)
+        return None if entry is None else IndexEntry.load(entry.value, where=repr(f"{scope}/{key}"))
+
+    def _replay(
+        self, operation: MemoryOperation, indexed: IndexEntry | None, record: FileRecord | None
+    ) -> MemoryMutation | None:
+        fingerprint = digest(operation.fingerprint)
+        if indexed is not None:
+            if indexed.fingerprint != fingerprint:
+                raise _reused(operation)
+            return MemoryMutation(version=indexed.version, replayed=True, existed=indexed.existed)
+        receipt = record.find_receipt(digest(operation.id)) if record is not None else None
+        if receipt is None:
+            return None
+        if receipt.fingerprint != fingerprint:
+            raise _reused(operation)
+        return MemoryMutation(version=receipt.version, replayed=True, existed=receipt.existed)
+
+    def _kept_receipts(self, record: FileRecord | None, now: float) -> list[Receipt]:
+        if record is None:
+            return []
+        fresh = [r for r in record.receipts if r.at > now - self._receipt_ttl]
+        # Room for the receipt of the mutation being made.
+        return fresh[-(self._max_receipts - 1) :] if self._max_receipts > 1 else []
+
+    def _fits(self, record: FileRecord) -> bool:
+        return len(record.dump()) <= self._record_bytes
+
+    def _fit_receipts(self, record: FileRecord) -> list[Receipt]:
+        """Drop the oldest receipts until the record fits (the newest always stays)."""
+        receipts = list(record.receipts)
+        while len(receipts) > 1 and not self._fits(record):
+            receipts.pop(0)
+            record.receipts = receipts
+        return receipts
+
+    async def _live_record(
+        self,
+        loc: _Location,
+        content: str,
+        metadata: str | None,
+        version: str,
+        operation: MemoryOperation | None,
+        receipts: list[Receipt],
+        staged: _Staged | None,
+        now: float,
+    ) -> tuple[FileRecord, _Staged | None]:
+        """The record for this write, with content and metadata inline when they fit.
+
+        Shapes are tried from cheapest to most split; receipts are only trimmed when no
+        shape fits with all of them.
+        """
+        operation_id = operation.id if operation is not None else None
+        # Every character takes at least one byte: skip encoding what cannot fit inline.
+        content_may_fit = len(content) < self._record_bytes
+        metadata_may_fit = metadata is None or len(metadata) < self._record_bytes
+        for trim in (False, True):
+            for chunk_content, chunk_metadata in ((False, False), (True, False), (True, True)):
+                if (chunk_metadata and metadata is None) or (
+                    not chunk_content and not content_may_fit
+                ):
+                    continue
+                if not chunk_metadata and not metadata_may_fit:
+                    continue
+                if chunk_content or chunk_metadata:
+                    staged = staged or self._stage(content, metadata, now)
+                record = FileRecord(
+                    live=True,
+                    version=version,
+                    operation_id=operation_id,
+                    length=len(content),
+                    content=None if chunk_content else content,
+                    token=staged.token
+                    if staged is not None and (chunk_content or chunk_metadata)
+                    else None,
+                    chunks=staged.content_sizes if staged is not None and chunk_content else [],
+                    metadata=None if chunk_metadata else metadata,
+                    metadata_chunks=len(staged.metadata_pieces)
+                    if staged is not None and chunk_metadata
+                    else 0,
+                    receipts=list(receipts),
+                )
+                if trim:
+                    record.receipts = self._fit_receipts(record)
+                if not self._fits(record):
+                    continue
+                if staged is not None:
+                    await self._write_chunks(
+                        loc, staged, content=chunk_content, metadata=chunk_metadata
+                    )
+                return record, staged
+        raise ValueTooLargeError(
+            f"memory file {loc.path!r} needs more chunks than one record of "
+            f"{self._record_bytes} bytes can list; raise the backend's item limit",
+            size=len(encode_text(content)),
+            limit=self._record_bytes,
+        )
+
+    def _stage(self, content: str, metadata: str | None, now: float) -> _Staged:
+        # The creation time in the token lets collect_garbage spare chunks of writes in flight.
+        token = f"{int(now):x}-{secrets.token_hex(6)}"
+        pieces = list(split_utf8(encode_text(content), self._record_bytes))
+        sizes = [len(decode_text(piece)) for piece in pieces]
+        meta_pieces = (
+            list(split_utf8(encode_text(metadata), self._record_bytes)) if metadata else []
+        )
+        return _Staged(token, sizes, pieces, meta_pieces)
+
+    async def _write_chunks(
+        self, loc: _Location, staged: _Staged, *, content: bool, metadata: bool
+    ) -> None:
+        writes = []
+        if content and not staged.content_written:
+            writes += [
+                self.kv.create(loc.scope, content_chunk_key(loc.name, staged.token, i), piece)
+                for i, piece in enumerate(staged.content_pieces)
+            ]
+        if metadata and not staged.metadata_written:
+            writes += [
+                self.kv.create(loc.scope, metadata_chunk_key(loc.name, staged.token, i), piece)
+                for i, piece in enumerate(staged.metadata_pieces)
+            ]
+        await asyncio.gather(*writes)
+        staged.content_written = staged.content_written or content
+        staged.metadata_written = staged.metadata_written or metadata
+
+    async def _ensure_directories(self, directory: str) -> None:
+        """Make every ancestor list ``directory`` as a sub-directory, so listing finds it."""
+        if not directory or directory in self._known_dirs:
+            return
+        parts = directory.split("/")
+        missing: list[tuple[str, str, str]] = []
+        for depth in range(len(parts)):
+            full = "/".join(parts[: depth + 1])
+            if full not in self._known_dirs:
+                parent = "/".join(parts[:depth])
+                missing.append((full, self._scope(parent), parts[depth] + MARKER_SUFFIX))
+
+        async def mark(scope: str, key: str) -> None:
+            try:
+                await self.kv.create(scope, key, _MARKER_VALUE)
+            except ConflictError:
+                pass  # already marked
+
+        await asyncio.gather(*(mark(scope, key) for _, scope, key in missing))
+        self._known_dirs.update(full for full, _, _ in missing)
+
+    async def _after_landing(
+        self,
+        loc: _Location,
+        old: FileRecord | None,
+        new: FileRecord,
+        operation: MemoryOperation | None,
+        mutation: MemoryMutation,
+    ) -> None:
+        """Index the receipt and drop the replaced version's chunks; both only best effort."""
+        stale: list[str] = []
+        if old is not None and old.live and old.token and old.token != new.token:
+            stale = old.all_chunk_keys(loc.name)
+        jobs = [self._discard(loc.scope, stale)]
+        if operation is not None:
+            jobs.append(self._write_index(operation, loc.path, mutation))
+        await asyncio.gather(*jobs)
+
+    async def _write_index(
+        self, operation: MemoryOperation, path: str, mutation: MemoryMutation
+    ) -> None:
+        scope, key = self._index_key(operation)
+        entry = IndexEntry(digest(operation.fingerprint), mutation.version, mutation.existed, path)
+        try:
+            await self.kv.create(scope, key, entry.dump(), ttl=self._receipt_ttl)
+        except ConflictError:
+            pass  # a concurrent replay indexed it already
+        except Exception as exc:
+            # The receipt in the file record stays authoritative; the next replay repairs this.
+            logger.warning(
+                "memory receipt index write failed (%s); the file record keeps the receipt", exc
+            )
+
+    async def _discard(self, scope: str, keys: Sequence[str]) -> None:
+        async def drop(key: str) -> None:
+            try:
+                await self.kv.delete(scope, key)
+            except Exception as exc:
+                logger.warning("could not delete memory chunk (%s); collect_garbage will", exc)
+
+        await asyncio.gather(*(drop(k) for k in keys))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def _fetch(
+        self,
+        scope: str,
+        files: Sequence[tuple[str, FileRecord]],
+        max_chars: int,
+        *,
+        metadata: bool,
+    ) -> dict[str, tuple[str, str | None]]:
+        """Content (cut to ``max_chars``) and encoded metadata of live records, in one batched read.
+
+        A file whose chunks are gone (its record was replaced meanwhile) is left out.
+        """
+        wanted: list[str] = []
+        for name, record in files:
+            if record.chunked:
+                wanted += record.chunk_keys(name, max_chars)
+            if metadata and record.metadata_chunks:
+                wanted += record.metadata_keys(name)
+        chunks = await self.kv.get_many(scope, wanted) if wanted else {}
+        out: dict[str, tuple[str, str | None]] = {}
+        for name, record in files:
+            if record.chunked:
+                keys = record.chunk_keys(name, max_chars)
+                if any(k not in chunks for k in keys):
+                    continue
+                text = "".join(decode_text(chunks[k].value) for k in keys)[:max_chars]
+            else:
+                text = (record.content or "")[:max_chars]
+            meta = record.metadata
+            if metadata and record.metadata_chunks:
+                keys = record.metadata_keys(name)
+                if any(k not in chunks for k in keys):
+                    continue
+                meta = b"".join(chunks[k].value for k in keys).decode("utf-8", "surrogatepass")
+            out[name] = (text, meta)
+        return out
+
+    async def _walk(
+        self, directory: str, key_prefix: str, page_size: int
+    ) -> AsyncGenerator[tuple[str, str, FileRecord], None]:
+        """Live files under ``directory`` whose key starts with ``key_prefix``, in path order."""
+        scope = self._scope(directory)
+        base = f"{directory}/" if directory else ""
+        start_after: str | None = None
+        while True:
+            page = await self.kv.scan(
+                scope, prefix=key_prefix, start_after=start_after, limit=page_size, values=True
+            )
+            for item in page:
+                if item.key.startswith(INTERNAL_KEY_MARK):
+                    return
+                if item.key.endswith(MARKER_SUFFIX):
+                    async with aclosing(self._walk(base + item.key[:-1], "", page_size)) as nested:
+                        async for found in nested:
+                            yield found
+                    continue
+                record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
+                if record is not None and record.live:
+                    yield base + item.key, item.key, record
+            if len(page) < page_size:
+                return
+            start_after = page[-1].key
+
+    async def _directories(self, directory: str) -> AsyncGenerator[str, None]:
+        """``directory`` and every directory below it."""
+        yield directory
+        base = f"{directory}/" if directory else ""
+        start_after: str | None = None
+        scope = self._scope(directory)
+        while True:
+            page = await self.kv.scan(
+                scope, start_after=start_after, limit=self._page_size, values=False
+            )
+            for item in page:
+                if item.key.startswith(INTERNAL_KEY_MARK):
+                    return
+                if item.key.endswith(MARKER_SUFFIX):
+                    async with aclosing(self._directories(base + item.key[:-1])) as nested:
+                        async for found in nested:
+                            yield found
+            if len(page) < self._page_size:
+                return
+            start_after = page[-1].key
+
+    async def _collect_scope(self, scope: str, now: float) -> int:
+        by_name: dict[str, list[tuple[str, str]]] = {}
+        async for item in self.kv.iter_scan(
+            scope, prefix=CHUNK_PREFIX, page_size=self._page_size, values=False
+        ):
+            parsed = parse_chunk_key(item.key)
+            if parsed is not None:
+                by_name.setdefault(parsed[0], []).append((parsed[1], item.key))
+        if not by_name:
+            return 0
+        records = await self.kv.get_many(scope, list(by_name))
+        doomed: list[str] = []
+        for name, chunks in by_name.items():
+            entry = records.get(name)
+            record = FileRecord.load(entry.value, where=repr(f"{scope}/{name}")) if entry else None
+            keep = record.token if record is not None and record.live else None
+            for token, key in chunks:
+                if token != keep and _token_age(token, now) > self._chunk_grace:
+                    doomed.append(key)
+        await asyncio.gather(*(self.kv.delete(scope, key) for key in doomed))
+        return len(doomed)
+
+
+def _staged_keys(name: str, staged: _Staged) -> list[str]:
+    keys: list[str] = []
+    if staged.content_written:
+        keys += [
+            content_chunk_key(name, staged.token, i) for i in range(len(staged.content_pieces))
+        ]
+    if staged.metadata_written:
+        keys += [
+            metadata_chunk_key(name, staged.token, i) for i in range(len(staged.metadata_pieces))
+        ]
+    return keys
+
+
+def _token_age(token: str, now: float) -> float:
+    try:
+        return now - int(token.partition("-")[0], 16)
+    except ValueError:
+        return float("inf")  # not a token this store writes: never referenced
+
+
+def _reused(operation: MemoryOperation) -> MemoryOperationConflictError:
+    return MemoryOperationConflictError(
+        f"operation id {operation.id!r} was reused with different arguments"
+    )
