@@ -1,1 +1,62 @@
-"""Plugin entry point of agent-stores-redis (filled in by the backend issue)."""
+"""The agent-stores plugin of agent-stores-redis (entry point ``redis`` in group ``agent_stores``).
+
+Importing this module must stay cheap: it never imports redis-py. URL factories are
+import strings resolved only when a Redis URL is opened, and :func:`kv_from_client` only
+looks at a client if redis-py is already imported (a client object cannot exist
+otherwise).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from agent_stores.hookspecs import RegisterBackend, hookimpl
+from agent_stores.kv.base import KVStore
+from agent_stores.url import StoreURL
+
+FACTORY = "agent_stores_redis.kv:RedisKV.from_url"
+
+
+@hookimpl
+def register_backends(register: RegisterBackend) -> None:
+    """Register ``redis``, ``rediss``, ``unix``, ``redis+cluster`` and ``rediss+cluster``."""
+    register("redis", FACTORY, description="Redis over TCP (?cluster=true for Redis Cluster)")
+    register("rediss", FACTORY, description="Redis over TLS")
+    register("unix", FACTORY, description="Redis over a Unix socket")
+    register("redis+cluster", FACTORY, description="Redis Cluster over TCP")
+    register("rediss+cluster", FACTORY, description="Redis Cluster over TLS")
+
+
+@hookimpl
+def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
+    """Wrap a ready ``redis.asyncio.Redis`` / ``RedisCluster`` (the store never closes it).
+
+    A synchronous redis-py client is refused with a clear error; anything else is not ours.
+    """
+    if "redis" not in sys.modules:
+        return None
+    from redis import Redis as SyncRedis
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+    from redis.cluster import RedisCluster as SyncRedisCluster
+
+    if not isinstance(client, Redis | RedisCluster | SyncRedis | SyncRedisCluster):
+        return None
+    from .kv import RedisKV
+
+    return RedisKV.from_client(client, **options)
+
+
+def kv_from_redis_client(client: Any, options: dict[str, Any] | None = None) -> KVStore:
+    """Direct form of :func:`kv_from_client` for callers who skip plugin selection."""
+    store = kv_from_client(client, dict(options or {}))
+    if store is None:
+        raise TypeError(f"not a redis-py client: {type(client).__name__}")
+    return store
+
+
+def _is_redis_url(url: StoreURL | None) -> bool:
+    from .config import SCHEMES
+
+    return url is not None and url.scheme in SCHEMES

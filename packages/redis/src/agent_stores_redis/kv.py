@@ -1,0 +1,559 @@
+"""``RedisKV``: the KV CAS contract on Redis and Redis Cluster.
+
+Every conditional primitive is one Lua script (see :mod:`agent_stores_redis.lua`) run
+atomically by the server, called by SHA. All keys of a scope share a hash tag (see
+:mod:`agent_stores_redis.keys`), so the same scripts work unchanged on a cluster.
+
+Connection errors and timeouts become :class:`~agent_stores.errors.BackendUnavailableError`
+with the URL redacted. The client retries a failed connection a few times (``?retries=``),
+so after a server restart the next operation reconnects by itself; retried writes are
+safe because every write carries its fresh version and a script that finds that version
+already stored reports success instead of a conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from agent_stores.errors import BackendUnavailableError, ConfigError, ConflictError
+from agent_stores.kv.base import (
+    Check,
+    Clock,
+    Create,
+    Delete,
+    Entry,
+    KVCapabilities,
+    KVLimits,
+    KVStore,
+    Operation,
+    Replace,
+    ScanItem,
+    new_version,
+)
+from agent_stores.url import StoreURL, redact
+
+from . import lua
+from .config import (
+    DEFAULT_MAX_VALUE_BYTES,
+    DEFAULT_PREFIX,
+    HARD_MAX_VALUE_BYTES,
+    RedisSettings,
+    parse_url,
+)
+from .keys import KeyLayout
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+    RedisClient = Redis | RedisCluster
+
+#: Native expiry fires this long after the entry's own expiry: margin for the round trip
+#: and for clock drift. Native expiry is only garbage collection.
+GC_GRACE_MS = 1000
+#: Entries deleted per ``drop_scope`` script call, so one erasure never blocks Redis long.
+DROP_BATCH = 500
+#: How many scopes ``scopes()`` checks for liveness at once.
+SCOPE_CHECK_CONCURRENCY = 16
+
+_NEVER_DECODE = "NEVER_DECODE"  # redis-py's execute_command option: return raw bytes
+
+
+def _build_client(settings: RedisSettings) -> Any:
+    """A redis-py asyncio client for ``settings`` (imported only now)."""
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+
+    kwargs = dict(settings.client_kwargs)
+    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), settings.retries)
+    if settings.cluster:
+        first = (kwargs.pop("host"), kwargs.pop("port"))
+        nodes = [ClusterNode(host, port) for host, port in (first, *settings.startup_nodes)]
+        return RedisCluster(startup_nodes=nodes, retry=retry, **kwargs)
+    return Redis(retry=retry, **kwargs)
+
+
+def _is_cluster(client: Any) -> bool:
+    from redis.asyncio.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class RedisKV(KVStore):
+    """KV store on a Redis server or Redis Cluster.
+
+    Build it with :meth:`from_url` (``redis://``, ``rediss://``, ``unix://``,
+    ``redis+cluster://``, ``rediss+cluster://``) or :meth:`from_client` (a ready
+    ``redis.asyncio.Redis`` / ``RedisCluster``, which the store never closes).
+    """
+
+    backend_name = "redis"
+    capabilities = KVCapabilities(commit=True, shared_across_processes=True)
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        owns_client: bool = False,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        description: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(clock=clock)
+        if not 1024 <= max_value_bytes <= HARD_MAX_VALUE_BYTES:
+            raise ConfigError(
+                detail=f"max_value_bytes must be between 1024 and {HARD_MAX_VALUE_BYTES}"
+            )
+        self._client: Any = client
+        self._owns_client = owns_client
+        self.layout = KeyLayout(prefix)
+        self.cluster = _is_cluster(client)
+        self.limits = KVLimits(max_value_bytes=max_value_bytes)
+        self._description = description or self._describe_client(client)
+        self._cluster_ready = not self.cluster
+        self._init_lock: asyncio.Lock | None = None
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: StoreURL | str, **options: Any) -> RedisKV:
+        """Open ``url`` (see :mod:`agent_stores_redis.config` for the forms and options).
+
+        The only keyword option is ``clock`` (a ``() -> float`` of unix seconds, for tests).
+        """
+        settings = parse_url(url)
+        clock = _pop_clock(options)
+        client = _build_client(settings)
+        return cls(
+            client,
+            prefix=settings.prefix,
+            owns_client=True,
+            max_value_bytes=settings.max_value_bytes,
+            description=settings.describe(),
+            clock=clock,
+        )
+
+    @classmethod
+    def from_client(cls, client: Any, **options: Any) -> RedisKV:
+        """Wrap a ready ``redis.asyncio.Redis`` or ``RedisCluster``; it is never closed by the store.
+
+        Options: ``prefix``, ``max_value_bytes``, ``clock``. Clients created with
+        ``decode_responses=True`` work too: the store always asks for raw bytes.
+        """
+        from redis import Redis as SyncRedis
+        from redis.asyncio import Redis
+        from redis.asyncio.cluster import RedisCluster
+        from redis.cluster import RedisCluster as SyncRedisCluster
+
+        if isinstance(client, SyncRedis | SyncRedisCluster):
+            raise ConfigError(
+                detail=f"agent-stores needs an asyncio client: pass a redis.asyncio."
+                f"{'RedisCluster' if isinstance(client, SyncRedisCluster) else 'Redis'}, "
+                f"not the synchronous {type(client).__name__}"
+            )
+        if not isinstance(client, Redis | RedisCluster):
+            raise ConfigError(
+                detail=f"expected a redis.asyncio.Redis or RedisCluster, got {type(client).__name__}"
+            )
+        options = dict(options)
+        prefix = options.pop("prefix", DEFAULT_PREFIX)
+        max_value = options.pop("max_value_bytes", DEFAULT_MAX_VALUE_BYTES)
+        clock = _pop_clock(options)
+        return cls(
+            client,
+            prefix=str(prefix),
+            owns_client=False,
+            max_value_bytes=int(max_value),
+            clock=clock,
+        )
+
+    @staticmethod
+    def _describe_client(client: Any) -> str:
+        """``redis://host:port/db (ready client)`` — built from connection settings, never a password."""
+        if _is_cluster(client):
+            nodes = getattr(client, "startup_nodes", None) or {}
+            first = next(iter(nodes), "?")
+            return f"redis+cluster://{first} (ready client)"
+        pool = getattr(client, "connection_pool", None)
+        kw: Mapping[str, Any] = getattr(pool, "connection_kwargs", {}) or {}
+        if kw.get("path"):
+            return f"unix://{kw['path']}?db={kw.get('db', 0)} (ready client)"
+        return (
+            f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)} (ready client)"
+        )
+
+    def describe(self) -> str:
+        return self._description
+
+    @property
+    def client(self) -> RedisClient:
+        """The redis-py client (shared, not owned, when it was passed in)."""
+        client: RedisClient = self._client
+        return client
+
+    @property
+    def prefix(self) -> str:
+        """The app namespace every key of this store starts with."""
+        return self.layout.prefix
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _unavailable(self, exc: BaseException) -> BackendUnavailableError:
+        reason = redact(str(exc)) or type(exc).__name__
+        return BackendUnavailableError(detail=f"{self.describe()}: {type(exc).__name__}: {reason}")
+
+    async def _ready(self) -> None:
+        """Discover the cluster topology once, before any command.
+
+        redis-py 8.1's asyncio ``RedisCluster`` fails with ``AttributeError`` ('NoneType'
+        object has no attribute 'writelines') when several commands race on a client that
+        has not discovered its nodes yet; initializing it first, under a lock, avoids that.
+        """
+        if self._cluster_ready:
+            return
+        from redis.exceptions import RedisClusterException, RedisError
+
+        if self._init_lock is None:
+            self._init_lock = asyncio.Lock()
+        async with self._init_lock:
+            if self._cluster_ready:
+                return
+            try:
+                await self._client.initialize()
+            except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
+                raise self._unavailable(exc) from exc
+            self._cluster_ready = True
+
+    async def _command(self, *args: Any, raw: bool = True, **options: Any) -> Any:
+        """Run one command, redis-py errors turned into typed ones.
+
+        ``raw``: ask for undecoded bytes whatever the client's ``decode_responses`` (not for
+        commands fanned out to several cluster nodes: their result merging rejects it).
+        """
+        from redis.exceptions import RedisClusterException, RedisError
+
+        await self._ready()
+        if raw:
+            options[_NEVER_DECODE] = True
+        try:
+            return await self._client.execute_command(*args, **options)
+        except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
+            raise self._unavailable(exc) from exc
+
+    async def _eval(self, script: lua.Script, keys: Sequence[bytes], args: Sequence[Any]) -> Any:
+        """Call ``script`` by SHA; on NOSCRIPT re-send it once with EVAL (which caches it)."""
+        from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+        await self._ready()
+        argv = [*keys, *args]
+        try:
+            try:
+                return await self._client.execute_command(
+                    "EVALSHA", script.sha, len(keys), *argv, **{_NEVER_DECODE: True}
+                )
+            except NoScriptError:
+                return await self._client.execute_command(
+                    "EVAL", script.source, len(keys), *argv, **{_NEVER_DECODE: True}
+                )
+        except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
+            raise self._unavailable(exc) from exc
+
+    async def _aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def setup(self) -> None:
+        """Check the connection and load every script (on every primary of a cluster)."""
+        self._check_open()
+        for script in lua.ALL:
+            if self.cluster:
+                from redis.asyncio.cluster import RedisCluster
+
+                await self._command(
+                    "SCRIPT LOAD", script.source, raw=False, target_nodes=RedisCluster.PRIMARIES
+                )
+            else:
+                await self._command("SCRIPT LOAD", script.source, raw=False)
+
+    async def health_warnings(self) -> list[str]:
+        """Problems an operator should know about (printed by ``agent-stores check``).
+
+        Warns when ``maxmemory-policy`` lets Redis evict keys: ``allkeys-*`` may delete any
+        session, memory file or journal entry under memory pressure; ``volatile-*`` may
+        delete entries that have a TTL before it passes.
+        """
+        self._check_open()
+        policies: dict[str, str] = {}
+        try:
+            if self.cluster:
+                for node in self._client.get_primaries():
+                    reply = await self._command(
+                        "CONFIG GET", "maxmemory-policy", raw=False, target_nodes=node
+                    )
+                    policies[f"{node.host}:{node.port}"] = _config_value(reply)
+            else:
+                reply = await self._command("CONFIG GET", "maxmemory-policy", raw=False)
+                policies["server"] = _config_value(reply)
+        except BackendUnavailableError as exc:
+            return [f"could not read maxmemory-policy ({exc.detail}); make sure it is noeviction"]
+        warnings: list[str] = []
+        for where, policy in sorted(policies.items()):
+            label = "" if where == "server" else f" on {where}"
+            if policy.startswith("allkeys-"):
+                warnings.append(
+                    f"maxmemory-policy is {policy}{label}: under memory pressure Redis may evict "
+                    "ANY key, losing sessions, memory files and run journals; set "
+                    "maxmemory-policy noeviction (or use a Redis dedicated to agent-stores)"
+                )
+            elif policy.startswith("volatile-"):
+                warnings.append(
+                    f"maxmemory-policy is {policy}{label}: under memory pressure Redis may evict "
+                    "entries that have a TTL before it passes; noeviction is safer"
+                )
+        return warnings
+
+    # -- primitives -------------------------------------------------------------------------
+
+    @staticmethod
+    def _entry(value: Any, version: Any, exp: Any) -> Entry | None:
+        if version is None:
+            return None
+        expires_at = float(exp) if exp not in (None, b"") else None
+        return Entry(bytes(value) if value is not None else b"", _text(version), expires_at)
+
+    @staticmethod
+    def _gc_ms(expires_at: float | None, now: float) -> int:
+        if expires_at is None:
+            return 0
+        return max(1, math.ceil((expires_at - now) * 1000)) + GC_GRACE_MS
+
+    @staticmethod
+    def _exp(expires_at: float | None) -> str:
+        return "" if expires_at is None else repr(float(expires_at))
+
+    async def _get(self, scope: str, key: str) -> Entry | None:
+        reply = await self._command("HMGET", self.layout.entry(scope, key), "v", "ver", "exp")
+        return self._entry(*reply)
+
+    async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
+        reply = await self._eval(lua.GET_MANY, [self.layout.entry(scope, k) for k in keys], [])
+        out: dict[str, Entry] = {}
+        for key, fields in zip(keys, reply, strict=True):
+            entry = self._entry(*fields)
+            if entry is not None:
+                out[key] = entry
+        return out
+
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
+        version = new_version()
+        ok = await self._eval(
+            lua.CREATE,
+            [self.layout.entry(scope, key), self.layout.index(scope)],
+            [
+                key.encode(),
+                bytes(value),
+                version,
+                repr(now),
+                self._exp(expires_at),
+                self._gc_ms(expires_at, now),
+            ],
+        )
+        if ok != 1:
+            raise ConflictError("key exists", scope=scope, key=key)
+        return version
+
+    async def _replace(
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
+    ) -> str:
+        version = new_version()
+        ok = await self._eval(
+            lua.REPLACE,
+            [self.layout.entry(scope, key), self.layout.index(scope)],
+            [
+                key.encode(),
+                bytes(value),
+                version,
+                repr(now),
+                self._exp(expires_at),
+                self._gc_ms(expires_at, now),
+                expected_version,
+            ],
+        )
+        if ok != 1:
+            raise ConflictError("version mismatch", scope=scope, key=key)
+        return version
+
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        ok = await self._eval(
+            lua.DELETE,
+            [self.layout.entry(scope, key), self.layout.index(scope)],
+            [key.encode(), repr(now), expected_version or ""],
+        )
+        return bool(ok == 1)
+
+    async def _scan(
+        self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
+    ) -> list[ScanItem]:
+        low = prefix.encode()
+        lower = b"[" + low if low else b"-"
+        if start_after is not None and start_after.encode() >= low:
+            lower = b"(" + start_after.encode()
+        upper = _bytes_upper_bound(low)
+        reply = await self._eval(
+            lua.SCAN,
+            [self.layout.index(scope)],
+            [
+                self.layout.entry_prefix(scope),
+                lower,
+                b"+" if upper is None else b"(" + upper,
+                limit,
+                repr(now),
+                "1" if values else "0",
+            ],
+        )
+        if not values:
+            return [ScanItem(_text(member), None) for member in reply]
+        items: list[ScanItem] = []
+        for i in range(0, len(reply), 4):
+            member, version, exp, value = reply[i : i + 4]
+            items.append(ScanItem(_text(member), self._entry(value, version, exp)))
+        return items
+
+    async def _scope_live(self, scope: str, now: float) -> bool:
+        reply = await self._eval(
+            lua.SCOPE_LIVE,
+            [self.layout.index(scope)],
+            [self.layout.entry_prefix(scope), repr(now)],
+        )
+        return bool(reply == 1)
+
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
+        from redis.exceptions import RedisClusterException, RedisError
+
+        await self._ready()
+        candidates: set[str] = set()
+        try:
+            async for name in self._client.scan_iter(
+                match=self.layout.index_pattern(), count=1000, _type="ZSET"
+            ):
+                raw = name.encode("utf-8") if isinstance(name, str) else bytes(name)
+                scope = self.layout.scope_of_index(raw)
+                if scope is None or not scope.startswith(prefix):
+                    continue
+                if start_after is not None and scope <= start_after:
+                    continue
+                candidates.add(scope)
+        except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
+            raise self._unavailable(exc) from exc
+        # Python orders str by code point, which is UTF-8 byte order.
+        ordered = sorted(candidates)
+        found: list[str] = []
+        for start in range(0, len(ordered), SCOPE_CHECK_CONCURRENCY):
+            chunk = ordered[start : start + SCOPE_CHECK_CONCURRENCY]
+            live = await asyncio.gather(*(self._scope_live(s, now) for s in chunk))
+            for scope, alive in zip(chunk, live, strict=True):
+                if alive:
+                    found.append(scope)
+                    if len(found) >= limit:
+                        return found
+        return found
+
+    async def _drop_scope(self, scope: str) -> int:
+        total = 0
+        while True:
+            deleted, remaining = await self._eval(
+                lua.DROP,
+                [self.layout.index(scope)],
+                [self.layout.entry_prefix(scope), DROP_BATCH],
+            )
+            total += int(deleted)
+            if int(remaining) == 0:
+                return total
+
+    async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        keys = [self.layout.index(scope)]
+        args: list[Any] = [repr(now)]
+        results: list[str | None] = []
+        for op in ops:
+            keys.append(self.layout.entry(scope, op.key))
+            member = op.key.encode()
+            if isinstance(op, Create | Replace):
+                version = new_version()
+                expires_at = self._expires_at(op.ttl, now)
+                expected = op.expected_version if isinstance(op, Replace) else ""
+                args += [
+                    "c" if isinstance(op, Create) else "r",
+                    member,
+                    bytes(op.value),
+                    version,
+                    expected,
+                    self._exp(expires_at),
+                    self._gc_ms(expires_at, now),
+                ]
+                results.append(version)
+            else:
+                assert isinstance(op, Delete | Check)
+                kind = "d" if isinstance(op, Delete) else "k"
+                args += [kind, member, b"", "", op.expected_version or "", "", 0]
+                results.append(None)
+        failed = int(await self._eval(lua.COMMIT, keys, args))
+        if failed:
+            index = failed - 1
+            op = ops[index]
+            raise ConflictError(
+                f"operation {index} ({type(op).__name__}) failed",
+                scope=scope,
+                key=op.key,
+                index=index,
+            )
+        return results
+
+
+def _bytes_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest byte string above every string starting with ``prefix`` (None: no bound).
+
+    UTF-8 never contains 0xFF, so incrementing the last byte always works for real keys;
+    the result need not be valid UTF-8, it is only a ``ZRANGEBYLEX`` bound.
+    """
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
+
+
+def _config_value(reply: Any) -> str:
+    """The value out of a ``CONFIG GET`` reply (a dict or a flat list, bytes or str)."""
+    values = list(reply.values()) if isinstance(reply, dict) else list(reply)[1::2]
+    return _text(values[0]) if values else "unknown"
+
+
+def _pop_clock(options: dict[str, Any]) -> Clock | None:
+    clock: Any = options.pop("clock", None)
+    if options:
+        raise ConfigError(detail=f"unknown option(s) for the redis backend: {sorted(options)}")
+    if clock is not None and not callable(clock):
+        raise ConfigError(detail="clock must be a callable returning unix seconds")
+    return cast("Clock | None", clock)
+
+
+__all__ = ["RedisKV"]
