@@ -1,1 +1,44 @@
-"""Plugin entry point of agent-stores-postgres (filled in by the backend issue)."""
+"""Plugin entry point of agent-stores-postgres (entry-point group ``agent_stores``).
+
+Importing this module must stay cheap: it never imports psycopg. The factories are
+import strings resolved only when a ``postgresql://`` URL is opened, and
+:func:`kv_from_client` recognises a psycopg pool without importing psycopg_pool (a pool
+object can only exist if its module is already loaded).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from agent_stores.hookspecs import RegisterBackend, hookimpl
+
+if TYPE_CHECKING:
+    from agent_stores.kv.base import KVStore
+    from agent_stores.url import StoreURL
+
+FACTORY = "agent_stores_postgres.kv:PostgresKV.from_url"
+
+
+@hookimpl
+def register_backends(register: RegisterBackend) -> None:
+    """Register ``postgresql://`` and its alias ``postgres://``."""
+    register("postgresql", FACTORY, description="PostgreSQL via psycopg 3 (async pool)")
+    register("postgres", FACTORY, description="PostgreSQL via psycopg 3 (alias of postgresql)")
+
+
+@hookimpl
+def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
+    """Wrap a ready ``psycopg_pool.AsyncConnectionPool``; the store never closes it."""
+    pool_module = sys.modules.get("psycopg_pool")
+    if pool_module is None or not isinstance(client, pool_module.AsyncConnectionPool):
+        return None
+    from .kv import PostgresKV
+
+    return PostgresKV.from_pool(client, **options)
+
+
+@hookimpl
+def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """The native session store for a PostgreSQL KV, or None (generic store) otherwise."""
+    return None

@@ -1,0 +1,218 @@
+"""What a ``postgresql://`` URL means: connection keywords, schema, table prefix, pool bounds.
+
+Pure data and validation; this module never imports psycopg, so the plugin can parse and
+reject a URL without loading the driver.
+
+URL form (libpq's)::
+
+    postgresql://user:password@host:5432/dbname?schema=agents&table=agent_stores
+        &min_size=1&max_size=10&pool_timeout=10&auto_setup=true&sslmode=require
+
+Query options the store understands are listed in :data:`STORE_OPTIONS`; every other
+query option is handed to libpq unchanged (``sslmode``, ``connect_timeout``,
+``application_name``, ``options``, ``target_session_attrs``, ``sslrootcert``, …), so
+libpq itself rejects the ones it does not know.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_stores.errors import ConfigError
+from agent_stores.url import StoreURL
+
+DEFAULT_SCHEMA = "public"
+DEFAULT_TABLE = "agent_stores"
+DEFAULT_MIN_SIZE = 1
+DEFAULT_MAX_SIZE = 10
+DEFAULT_POOL_TIMEOUT = 10.0
+DEFAULT_CONNECT_TIMEOUT = "10"
+DEFAULT_APPLICATION_NAME = "agent-stores"
+#: 4 MiB: far below PostgreSQL's 1 GB ``bytea`` ceiling, large enough that stores chunk
+#: rarely, small enough that one value never pins much memory in a pool connection.
+DEFAULT_MAX_VALUE_BYTES = 4 << 20
+#: A ceiling for ``max_value_bytes``: a value travels whole through one protocol message.
+MAX_MAX_VALUE_BYTES = 256 << 20
+DEFAULT_PURGE_INTERVAL = 300.0
+
+#: Query options consumed by the store (never passed to libpq).
+STORE_OPTIONS = frozenset(
+    {
+        "schema",
+        "table",
+        "min_size",
+        "max_size",
+        "pool_timeout",
+        "auto_setup",
+        "max_value_bytes",
+        "purge_interval",
+        "prepare_threshold",
+    }
+)
+
+# Unquoted-identifier shape, so a name means the same thing quoted or not and can never
+# carry SQL. Table names get a suffix (``_schema_version``, 15 chars) and must stay within
+# PostgreSQL's 63-byte identifier limit.
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_SCHEMA_CHARS = 63
+MAX_TABLE_PREFIX_CHARS = 40
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def validate_identifier(kind: str, value: str, max_chars: int) -> str:
+    """Return ``value`` if it is a plain SQL identifier; raise :class:`ConfigError` otherwise.
+
+    Names are quoted with ``psycopg.sql.Identifier`` as well; this check is what makes a
+    hostile ``schema``/``table`` value fail loudly instead of naming a strange object.
+    """
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        shown = value[:80] if isinstance(value, str) else type(value).__name__
+        raise ConfigError(
+            detail=f"postgresql: {kind} {shown!r} is not allowed; use letters, digits and "
+            f"underscores, starting with a letter or underscore"
+        )
+    if len(value) > max_chars:
+        raise ConfigError(
+            detail=f"postgresql: {kind} {value[:80]!r} is {len(value)} characters; the limit is {max_chars}"
+        )
+    if kind == "schema" and value.lower().startswith("pg_"):
+        raise ConfigError(
+            detail=f"postgresql: schema {value!r} is reserved (names starting with 'pg_')"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class PostgresConfig:
+    """Everything :class:`~agent_stores_postgres.kv.PostgresKV` needs from a URL.
+
+    ``conninfo`` holds libpq keywords, the password included; it is excluded from
+    ``repr`` and only ever handed to psycopg. ``display`` is the redacted URL.
+    """
+
+    conninfo: dict[str, str] = field(repr=False)
+    display: str
+    schema: str = DEFAULT_SCHEMA
+    table: str = DEFAULT_TABLE
+    min_size: int = DEFAULT_MIN_SIZE
+    max_size: int = DEFAULT_MAX_SIZE
+    pool_timeout: float = DEFAULT_POOL_TIMEOUT
+    auto_setup: bool = True
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    purge_interval: float = DEFAULT_PURGE_INTERVAL
+    prepare_threshold: int | None = 5
+
+    def __post_init__(self) -> None:
+        validate_identifier("schema", self.schema, MAX_SCHEMA_CHARS)
+        validate_identifier("table", self.table, MAX_TABLE_PREFIX_CHARS)
+        if self.min_size < 0 or self.max_size < 1 or self.min_size > self.max_size:
+            raise ConfigError(
+                detail=f"postgresql: pool sizes need 0 <= min_size <= max_size and max_size >= 1 "
+                f"(got min_size={self.min_size}, max_size={self.max_size})"
+            )
+        if not 0 < self.pool_timeout <= 3600:
+            raise ConfigError(
+                detail=f"postgresql: pool_timeout must be in (0, 3600] seconds, got {self.pool_timeout}"
+            )
+        if not 1 <= self.max_value_bytes <= MAX_MAX_VALUE_BYTES:
+            raise ConfigError(
+                detail=f"postgresql: max_value_bytes must be between 1 and {MAX_MAX_VALUE_BYTES}, "
+                f"got {self.max_value_bytes}"
+            )
+        if not math.isfinite(self.purge_interval) or self.purge_interval < 0:
+            raise ConfigError(
+                detail=f"postgresql: purge_interval must be >= 0 (0 disables), got {self.purge_interval}"
+            )
+        if self.prepare_threshold is not None and self.prepare_threshold < 0:
+            raise ConfigError(
+                detail=f"postgresql: prepare_threshold must be >= 0 or 'none', got {self.prepare_threshold}"
+            )
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Strings that must never appear in a message (scrubbed from driver errors)."""
+        return tuple(v for k, v in self.conninfo.items() if k in {"password", "sslpassword"} and v)
+
+    @classmethod
+    def from_url(cls, url: StoreURL | str, **overrides: Any) -> PostgresConfig:
+        """Parse a ``postgresql://`` / ``postgres://`` URL; ``overrides`` win over query options."""
+        url = StoreURL.parse(url)
+        if url.scheme not in ("postgresql", "postgres"):
+            raise ConfigError(
+                detail=f"{url.render()}: not a PostgreSQL URL (expected postgresql:// or postgres://)"
+            )
+        conninfo: dict[str, str] = {}
+        if url.host:
+            conninfo["host"] = url.host
+        if url.port is not None:
+            conninfo["port"] = str(url.port)
+        if url.username:
+            conninfo["user"] = url.username
+        if url.password is not None:
+            conninfo["password"] = url.password
+        dbname = url.path[1:] if url.path.startswith("/") else url.path
+        if "/" in dbname:
+            raise ConfigError(
+                detail=f"{url.render()}: the path must be a single database name, got {dbname!r}"
+            )
+        if dbname:
+            conninfo["dbname"] = dbname
+
+        store: dict[str, str] = {}
+        for name, value in url.query:
+            if name in STORE_OPTIONS:
+                store[name] = value
+            else:
+                conninfo[name] = value
+        conninfo.setdefault("application_name", DEFAULT_APPLICATION_NAME)
+        conninfo.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+
+        kwargs: dict[str, Any] = {}
+        if "schema" in store:
+            kwargs["schema"] = store["schema"]
+        if "table" in store:
+            kwargs["table"] = store["table"]
+        for name in ("min_size", "max_size", "max_value_bytes"):
+            if name in store:
+                kwargs[name] = _parse_int(name, store[name])
+        for name in ("pool_timeout", "purge_interval"):
+            if name in store:
+                kwargs[name] = _parse_float(name, store[name])
+        if "auto_setup" in store:
+            kwargs["auto_setup"] = _parse_bool("auto_setup", store["auto_setup"])
+        if "prepare_threshold" in store:
+            raw = store["prepare_threshold"]
+            kwargs["prepare_threshold"] = (
+                None if raw.lower() in {"none", "off"} else _parse_int("prepare_threshold", raw)
+            )
+        kwargs.update(overrides)
+        display = url.without_query(*(k for k in STORE_OPTIONS if k not in {"schema", "table"}))
+        return cls(conninfo=conninfo, display=display.render(), **kwargs)
+
+
+def _parse_int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(detail=f"postgresql: {name} must be an integer, got {raw!r}") from None
+
+
+def _parse_float(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(detail=f"postgresql: {name} must be a number, got {raw!r}") from None
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(detail=f"postgresql: {name} must be true or false, got {raw!r}")
