@@ -1,0 +1,44 @@
+"""Canonical JSON: the byte form records are stored in and payloads are compared by.
+
+Keys sorted, fixed separators, UTF-8, no NaN: two equal values produce the same bytes in
+any process, so a digest of the canonical form tells a retried append from a diverged one
+no matter in which order a caller built its dictionaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..errors import CorruptRecordError
+
+JSONValue = Any
+"""A value made of dict / list / str / int / float / bool / None."""
+
+
+def canonical(value: JSONValue) -> bytes:
+    """The canonical JSON bytes of ``value``.
+
+    Raises ``TypeError`` for values JSON cannot hold and ``ValueError`` for NaN/Infinity,
+    so a payload that would not round-trip is refused before anything is written.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def digest(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def decode_record(data: bytes, *, what: str) -> dict[str, Any]:
+    """Parse a stored record; a record that is not a JSON object raises CorruptRecordError."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptRecordError(detail=f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise CorruptRecordError(detail=f"{what} is not a JSON object")
+    return value

@@ -1,0 +1,245 @@
+"""``Checkpointer``: a durable run journal with idempotent appends, on any backend.
+
+``append(run_id, event)`` creates the entry ``j/<step_id>/<phase>`` in the run's scope,
+so the idempotency key *is* the storage key: a repeated append is a create conflict that
+is read back, reported as a duplicate with the original position, and compared on a
+canonical serialization (``payload_diverged``). Positions come from a per-run counter
+advanced by one CAS, so an append costs the same few operations at any run length and
+concurrent appenders never share a position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from ..errors import CorruptRecordError
+from ..kv.base import KVStore
+from .space import RunSpace, bounded_gather
+from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
+
+if TYPE_CHECKING:
+    from .step_store import KVStepStore
+    from .writer import JournalWriter
+
+JOURNAL_LOG = "j"
+_ENTRY_KEEP = ("v", "seq", "fp", "step_id", "phase", "kind")
+
+
+def journal_key(event: JournalEvent) -> str:
+    """The storage key of an event: positional ids make byte order execution order."""
+    return f"{JOURNAL_LOG}/{event.step_id}/{event.phase.value}"
+
+
+class Checkpointer:
+    """A durable run journal (and, through :meth:`step_store`, a harness ``StepStore``).
+
+    ``Checkpointer(kv, *, owns_kv=False, namespace="cp", ttl=None)``. Use it as an async
+    context manager (entering runs the backend's ``setup``); with ``owns_kv=True`` closing
+    it closes the KV store. ``ttl`` (seconds) makes every run expire, whole, that long
+    after its first write.
+    """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        *,
+        owns_kv: bool = False,
+        namespace: str = "cp",
+        ttl: float | None = None,
+        max_snapshots_per_run: int | None = None,
+    ) -> None:
+        self.kv = kv
+        self.owns_kv = owns_kv
+        self.space = RunSpace(kv, namespace=namespace, ttl=ttl)
+        self._max_snapshots_per_run = max_snapshots_per_run
+        self._step_store: KVStepStore | None = None
+        if max_snapshots_per_run is not None:
+            self.step_store()  # validates the bound now rather than on first use
+
+    def __repr__(self) -> str:
+        return f"<Checkpointer {self.kv.describe()} namespace={self.space.namespace!r}>"
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.setup()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def setup(self) -> None:
+        """Create the backend's tables or schema if it needs them. Idempotent."""
+        await self.kv.setup()
+
+    async def aclose(self) -> None:
+        """Close the KV store when this checkpointer owns it. Idempotent."""
+        if self.owns_kv:
+            await self.kv.aclose()
+
+    # -- the journal --------------------------------------------------------------------------
+
+    async def append(self, run_id: str, event: JournalEvent) -> AppendResult:
+        """Append ``event`` to the run's journal; idempotent by ``(run_id, step_id, phase)``.
+
+        A repeat is a no-op reporting the original position (``duplicate=True``), with
+        ``payload_diverged=True`` when its payload differs from the stored one. The cost
+        does not depend on the run's length: nothing of the run is read.
+        """
+        if not isinstance(event, JournalEvent):
+            raise TypeError(f"append expects a JournalEvent, got {type(event).__name__}")
+        seq = await self.space.allocate(run_id, JOURNAL_LOG)
+        result = await self._write_at(run_id, event, seq)
+        if result.duplicate:
+            await self.space.give_back(run_id, JOURNAL_LOG, seq)
+        return result
+
+    async def append_many(self, run_id: str, events: Sequence[JournalEvent]) -> list[AppendResult]:
+        """Append several events in order with one position reservation.
+
+        Positions are reserved for all events first, in order, then written concurrently,
+        so the journal's order is ``events``' order however the writes land. A position
+        reserved by an event that turns out to be a duplicate stays unused (a gap).
+        """
+        reserved = await self.reserve(run_id, len(events))
+        return list(
+            await bounded_gather(
+                [
+                    partial(self.append_at, run_id, e, s)
+                    for e, s in zip(events, reserved, strict=True)
+                ],
+                16,
+            )
+        )
+
+    async def reserve(self, run_id: str, count: int) -> range:
+        """Reserve ``count`` consecutive journal positions for :meth:`append_at`.
+
+        A reserved position is never handed to anyone else; one that is never written is a
+        gap in ``seq`` (entries keep their relative order).
+        """
+        if count < 0:
+            raise ValueError("count must be >= 0")
+        if count == 0:
+            return range(0)
+        first = await self.space.allocate(run_id, JOURNAL_LOG, count)
+        return range(first, first + count)
+
+    async def append_at(self, run_id: str, event: JournalEvent, seq: int) -> AppendResult:
+        """Append ``event`` at a position obtained from :meth:`reserve`.
+
+        Retrying with the same position after a failure is safe: the entry is written at
+        most once, and a retry whose first attempt did land reports a duplicate at ``seq``.
+        """
+        if not isinstance(event, JournalEvent):
+            raise TypeError(f"append expects a JournalEvent, got {type(event).__name__}")
+        return await self._write_at(run_id, event, seq)
+
+    async def _write_at(self, run_id: str, event: JournalEvent, seq: int) -> AppendResult:
+        fingerprint = event.fingerprint()
+        record: dict[str, Any] = {"v": 1, "seq": seq, "fp": fingerprint, **event.to_record()}
+        created = await self.space.create_entry(run_id, journal_key(event), record, _ENTRY_KEEP)
+        if created.created:
+            return AppendResult(seq=seq)
+        stored = created.record
+        stored_seq = stored.get("seq")
+        if not isinstance(stored_seq, int):
+            raise CorruptRecordError(
+                detail=f"journal entry {journal_key(event)!r} of run {run_id!r} has no position"
+            )
+        return AppendResult(
+            seq=stored_seq, duplicate=True, payload_diverged=stored.get("fp") != fingerprint
+        )
+
+    async def load(self, run_id: str) -> RunState:
+        """The run's journal in write order (empty for an unknown run)."""
+        records = await self.space.scan_records(run_id, f"{JOURNAL_LOG}/")
+        entries: list[JournalEntry] = []
+        for key, record, _ in records:
+            full = await self.space.unpack(run_id, record, what=f"journal entry {key!r}")
+            try:
+                entries.append(JournalEntry(int(full["seq"]), JournalEvent.from_record(full)))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorruptRecordError(
+                    detail=f"journal entry {key!r} of run {run_id!r} cannot be decoded: {exc}"
+                ) from exc
+        entries.sort(key=lambda e: e.seq)
+        return RunState(run_id, tuple(entries))
+
+    def writer(self, run_id: str) -> JournalWriter:
+        """A :class:`JournalWriter` for ``run_id`` honouring each event's durability."""
+        from .writer import JournalWriter
+
+        return JournalWriter(self, run_id)
+
+    # -- the harness step store ------------------------------------------------------------
+
+    def step_store(self) -> KVStepStore:
+        """The harness ``StepStore`` on the same KV and layout (one per checkpointer)."""
+        if self._step_store is None:
+            from .step_store import KVStepStore
+
+            self._step_store = KVStepStore(
+                self.kv, space=self.space, max_snapshots_per_run=self._max_snapshots_per_run
+            )
+        return self._step_store
+
+    # -- retention ------------------------------------------------------------------------
+
+    async def list_runs(self, *, start_after: str | None = None, limit: int = 100) -> list[RunInfo]:
+        """Runs in run-id byte order, paginated (``start_after`` the last id of a page)."""
+        items = await self.kv.scan(self.space.runs_scope, start_after=start_after, limit=limit)
+        out: list[RunInfo] = []
+        for item in items:
+            assert item.entry is not None
+            try:
+                created = float(_decode_index(item.entry.value).get("created_at", 0.0))
+            except (TypeError, ValueError):
+                created = 0.0
+            out.append(RunInfo(item.key, created, item.entry.expires_at))
+        return out
+
+    async def get_run_info(self, run_id: str) -> RunInfo | None:
+        """The listing entry of one run, or None when the run is unknown."""
+        entry = await self.kv.get(self.space.runs_scope, run_id)
+        if entry is None:
+            return None
+        created = _decode_index(entry.value).get("created_at", 0.0)
+        return RunInfo(
+            run_id, float(created) if isinstance(created, int | float) else 0.0, entry.expires_at
+        )
+
+    async def delete_run(self, run_id: str) -> bool:
+        """Erase a run: journal, step events, snapshots, tool effects and index entries.
+
+        Returns True when anything was deleted. Index entries go last, so a crash midway
+        leaves at worst a listed run with no data, which deleting again removes.
+        """
+        scope = self.space.scope(run_id)
+        record = await self.step_store().get_run(run_id=run_id)
+        removed = await self.kv.drop_scope(scope)
+        if record is not None and record.conversation_id is not None:
+            await self.kv.delete(self.space.conversation_scope(record.conversation_id), run_id)
+        if record is not None and record.parent_run_id is not None:
+            await self.kv.delete(self.space.parent_scope(record.parent_run_id), run_id)
+        indexed = await self.kv.delete(self.space.runs_scope, run_id)
+        self.space.forget(run_id)
+        self.step_store().forget(run_id)
+        return removed > 0 or indexed
+
+
+def _decode_index(value: bytes) -> dict[str, Any]:
+    from .codec import decode_record
+
+    try:
+        return decode_record(value, what="run index entry")
+    except CorruptRecordError:
+        return {}

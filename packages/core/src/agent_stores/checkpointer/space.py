@@ -1,0 +1,377 @@
+"""The storage layout shared by the journal and the step store, on the KV CAS base class.
+
+Scopes (``NS`` is the namespace, ``cp`` by default):
+
+* ``NS/run/<run_id>`` — everything about one run, so erasing a run is one ``drop_scope``:
+  ``head/<log>`` position counters, ``j/<step_id>/<phase>`` journal entries,
+  ``ev/…`` step events, ``sn/…`` snapshots and ``sp`` their pointer, ``m/<sha256>``
+  snapshot messages (each stored once per run), ``t/<tool_call_id>`` tool effects,
+  ``run`` the harness run record, ``x/<sha256>/<n>`` chunks of large records.
+* ``NS/runs`` — one entry per run (key = run id), written at a run's first write; it
+  anchors the run's TTL and makes runs listable without scanning scopes.
+* ``NS/conv/<conversation_id>`` and ``NS/parent/<parent_run_id>`` — lineage indexes,
+  written before the run record; readers verify against the run record, so a dangling
+  entry (a crash in between, a deleted run) is skipped, never trusted.
+
+Logs (the journal, step events, snapshots) share one algorithm: an entry is *created*
+under its idempotency key, so a duplicate is a conflict that is read back and compared,
+and its position comes from a per-log counter advanced by one CAS. An append therefore
+costs the same number of operations whatever the run's length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+from ..errors import ConflictError, CorruptRecordError
+from ..kv.base import Entry, KVStore
+from .codec import canonical, decode_record, digest
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+#: Records above this share of the backend's item limit are chunked.
+_INLINE_MARGIN = 512
+#: Keys per get_many call when fetching chunks or messages.
+_BATCH = 100
+#: Concurrent writes when storing chunks or messages.
+_WRITE_CONCURRENCY = 16
+#: Give up a CAS loop after this many lost races (something is badly wrong by then).
+_MAX_ATTEMPTS = 500
+#: Per-run cache entries kept per store instance.
+_CACHE_RUNS = 1024
+
+
+class LRU(Generic[K, V]):
+    """A small bounded mapping: the least recently used key goes first."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def set(self, key: K, value: V) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self._size:
+            self._data.popitem(last=False)
+
+    def pop(self, key: K) -> None:
+        self._data.pop(key, None)
+
+    def discard_where(self, predicate: Callable[[K], bool]) -> None:
+        for key in [k for k in self._data if predicate(k)]:
+            del self._data[key]
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """Outcome of :meth:`RunSpace.create_entry`."""
+
+    created: bool
+    record: dict[str, Any]
+    """On success the record written; on a duplicate the record already stored (stub form)."""
+    version: str
+
+
+async def backoff(attempt: int) -> None:
+    """Sleep a jittered, growing delay after a lost CAS race."""
+    await asyncio.sleep(random.random() * min(0.05, 0.0005 * (2 ** min(attempt, 10))))
+
+
+async def bounded_gather(calls: Iterable[Callable[[], Awaitable[V]]], limit: int) -> list[V]:
+    """Run the calls concurrently, at most ``limit`` at a time, results in order."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(call: Callable[[], Awaitable[V]]) -> V:
+        async with semaphore:
+            return await call()
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+class RunSpace:
+    """Layout, TTL anchoring, position counters and chunked records for runs on one KV."""
+
+    def __init__(self, kv: KVStore, *, namespace: str = "cp", ttl: float | None = None) -> None:
+        if not namespace or "/" in namespace:
+            raise ValueError(f"namespace must be non-empty and contain no '/', got {namespace!r}")
+        if ttl is not None and ttl <= 0:
+            raise ValueError("ttl must be positive seconds (or None for no expiry)")
+        self.kv = kv
+        self.namespace = namespace
+        self.ttl = ttl
+        # run_id -> absolute expiry (inf without TTL); presence means "indexed by this process".
+        self._anchors: LRU[str, float] = LRU(_CACHE_RUNS)
+        # (run_id, log) -> (next position, head version)
+        self._heads: LRU[tuple[str, str], tuple[int, str]] = LRU(_CACHE_RUNS * 4)
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    # -- names --------------------------------------------------------------------------
+
+    def scope(self, run_id: str) -> str:
+        """The scope holding everything about ``run_id``."""
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError("run_id must be a non-empty string")
+        return f"{self.namespace}/run/{run_id}"
+
+    @property
+    def runs_scope(self) -> str:
+        return f"{self.namespace}/runs"
+
+    def conversation_scope(self, conversation_id: str) -> str:
+        return f"{self.namespace}/conv/{conversation_id}"
+
+    def parent_scope(self, parent_run_id: str) -> str:
+        return f"{self.namespace}/parent/{parent_run_id}"
+
+    def forget(self, run_id: str) -> None:
+        """Drop every cached fact about ``run_id`` (after deleting it)."""
+        self._anchors.pop(run_id)
+        self._heads.discard_where(lambda key: key[0] == run_id)
+
+    # -- TTL anchoring --------------------------------------------------------------------
+
+    async def write_ttl(self, run_id: str) -> float | None:
+        """The TTL to give a record written now for ``run_id`` (None: no expiry).
+
+        The first write of a run in this process creates (or reads) the run's entry in
+        the runs index; with a TTL configured its expiry is the run's expiry, and every
+        record of the run is written to expire at that same instant, so a run never
+        expires piecemeal.
+        """
+        now = self.kv.clock()
+        expires = self._anchors.get(run_id)
+        if expires is None or expires <= now:
+            expires = await self._anchor(run_id, now)
+        if expires == float("inf"):
+            return None
+        remaining = expires - now
+        if remaining <= 0:  # pragma: no cover - anchor was just renewed
+            remaining = 0.001
+        return remaining
+
+    async def _anchor(self, run_id: str, now: float) -> float:
+        self.scope(run_id)  # validates the id before anything is written
+        value = canonical({"created_at": now})
+        for attempt in range(_MAX_ATTEMPTS):
+            try:
+                await self.kv.create(self.runs_scope, run_id, value, ttl=self.ttl)
+                expires = now + self.ttl if self.ttl is not None else float("inf")
+                break
+            except ConflictError:
+                entry = await self.kv.get(self.runs_scope, run_id)
+                if entry is None:  # deleted or expired in between: claim it again
+                    await backoff(attempt)
+                    continue
+                expires = entry.expires_at if entry.expires_at is not None else float("inf")
+                break
+        else:  # pragma: no cover
+            raise ConflictError(detail=f"could not anchor run {run_id!r}")
+        self._anchors.set(run_id, expires)
+        return expires
+
+    # -- position counters ------------------------------------------------------------------
+
+    def _lock(self, run_id: str, log: str) -> asyncio.Lock:
+        key = (run_id, log)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[key] = lock
+        return lock
+
+    async def allocate(self, run_id: str, log: str, count: int = 1) -> int:
+        """Reserve ``count`` consecutive positions of ``log``; returns the first.
+
+        One CAS on the log's counter when this process wrote it last; a lost race re-reads
+        it. Positions are never handed out twice, across tasks, clients and processes.
+        """
+        scope = self.scope(run_id)
+        head_key = f"head/{log}"
+        async with self._lock(run_id, log):
+            for attempt in range(_MAX_ATTEMPTS):
+                ttl = await self.write_ttl(run_id)
+                cached = self._heads.get((run_id, log))
+                if cached is None:
+                    entry = await self.kv.get(scope, head_key)
+                    if entry is None:
+                        try:
+                            version = await self.kv.create(
+                                scope, head_key, canonical({"next": count}), ttl=ttl
+                            )
+                        except ConflictError:
+                            await backoff(attempt)
+                            continue
+                        self._heads.set((run_id, log), (count, version))
+                        return 0
+                    cached = (self._decode_head(entry, scope), entry.version)
+                first, version = cached
+                try:
+                    new_version = await self.kv.replace(
+                        scope,
+                        head_key,
+                        canonical({"next": first + count}),
+                        expected_version=version,
+                        ttl=ttl,
+                    )
+                except ConflictError:
+                    self._heads.pop((run_id, log))
+                    await backoff(attempt)
+                    continue
+                self._heads.set((run_id, log), (first + count, new_version))
+                return first
+        raise ConflictError(  # pragma: no cover - needs hundreds of lost races in a row
+            detail=f"could not allocate a position in run {run_id!r} after {_MAX_ATTEMPTS} attempts",
+            scope=scope,
+            key=head_key,
+        )
+
+    async def give_back(self, run_id: str, log: str, first: int, count: int = 1) -> None:
+        """Return positions that turned out unused, if nobody allocated after them.
+
+        Keeps positions contiguous when a duplicate append consumed none; when another
+        writer moved the counter meanwhile, the positions stay a gap (never reused).
+        """
+        async with self._lock(run_id, log):
+            cached = self._heads.get((run_id, log))
+            if cached is None or cached[0] != first + count:
+                return
+            try:
+                version = await self.kv.replace(
+                    self.scope(run_id),
+                    f"head/{log}",
+                    canonical({"next": first}),
+                    expected_version=cached[1],
+                    ttl=await self.write_ttl(run_id),
+                )
+            except ConflictError:
+                self._heads.pop((run_id, log))
+                return
+            self._heads.set((run_id, log), (first, version))
+
+    @staticmethod
+    def _decode_head(entry: Entry, scope: str) -> int:
+        value = decode_record(entry.value, what=f"position counter in {scope!r}").get("next")
+        if not isinstance(value, int) or value < 0:
+            raise CorruptRecordError(detail=f"position counter in {scope!r} is not a count")
+        return value
+
+    # -- records, chunked when large ----------------------------------------------------------
+
+    @property
+    def inline_limit(self) -> int:
+        return max(1024, self.kv.limits.max_value_bytes - _INLINE_MARGIN)
+
+    async def pack(
+        self, run_id: str, record: dict[str, Any], keep: Sequence[str], ttl: float | None
+    ) -> bytes:
+        """Encode ``record``; when too large, store it as chunks and return a stub.
+
+        The stub holds the fields named in ``keep`` (small ones a reader needs without the
+        chunks) and a reference to the chunks. Chunks are content-addressed, written
+        before the stub (the stub's write is the commit point), and collected with the run.
+        """
+        data = canonical(record)
+        if len(data) <= self.inline_limit:
+            return data
+        scope = self.scope(run_id)
+        full = digest(data)
+        size = max(1024, self.kv.limits.max_value_bytes - 64)
+        pieces = [data[i : i + size] for i in range(0, len(data), size)]
+
+        async def put(index: int, piece: bytes) -> None:
+            try:
+                await self.kv.create(scope, f"x/{full}/{index:06d}", piece, ttl=ttl)
+            except ConflictError:
+                pass  # same address, same bytes: already stored
+
+        await bounded_gather([partial(put, i, p) for i, p in enumerate(pieces)], _WRITE_CONCURRENCY)
+        stub = {name: record[name] for name in keep if name in record}
+        stub["blob"] = {"sha256": full, "chunks": len(pieces), "size": len(data)}
+        return canonical(stub)
+
+    async def unpack(self, run_id: str, record: dict[str, Any], *, what: str) -> dict[str, Any]:
+        """The full record behind a stub written by :meth:`pack` (other records unchanged)."""
+        blob = record.get("blob")
+        if not isinstance(blob, dict):
+            return record
+        scope = self.scope(run_id)
+        try:
+            full, count, size = str(blob["sha256"]), int(blob["chunks"]), int(blob["size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptRecordError(detail=f"{what}: malformed chunk reference") from exc
+        keys = [f"x/{full}/{i:06d}" for i in range(count)]
+        found: dict[str, Entry] = {}
+        for start in range(0, len(keys), _BATCH):
+            found.update(await self.kv.get_many(scope, keys[start : start + _BATCH]))
+        missing = [k for k in keys if k not in found]
+        if missing:
+            raise CorruptRecordError(detail=f"{what}: {len(missing)} of {count} chunks are missing")
+        data = b"".join(found[k].value for k in keys)
+        if len(data) != size or digest(data) != full:
+            raise CorruptRecordError(detail=f"{what}: chunks do not match their checksum")
+        return decode_record(data, what=what)
+
+    async def create_entry(
+        self, run_id: str, key: str, record: dict[str, Any], keep: Sequence[str]
+    ) -> Created:
+        """Create ``key`` holding ``record`` unless it exists; on a duplicate read it back.
+
+        The returned record of a duplicate is the stored *stub* form (the ``keep`` fields
+        are always there); call :meth:`unpack` for the rest.
+        """
+        scope = self.scope(run_id)
+        ttl = await self.write_ttl(run_id)
+        value = await self.pack(run_id, record, keep, ttl)
+        for attempt in range(_MAX_ATTEMPTS):
+            try:
+                version = await self.kv.create(scope, key, value, ttl=ttl)
+                return Created(True, record, version)
+            except ConflictError:
+                entry = await self.kv.get(scope, key)
+                if entry is None:  # deleted or expired in between: try again
+                    await backoff(attempt)
+                    continue
+                stored = decode_record(entry.value, what=f"{key!r} in run {run_id!r}")
+                return Created(False, stored, entry.version)
+        raise ConflictError(  # pragma: no cover
+            detail=f"could not write {key!r} in run {run_id!r}", scope=scope, key=key
+        )
+
+    async def scan_records(
+        self, run_id: str, prefix: str, *, page_size: int = 200
+    ) -> list[tuple[str, dict[str, Any], str]]:
+        """``(key, record, version)`` for every live key under ``prefix``, in key order."""
+        scope = self.scope(run_id)
+        out: list[tuple[str, dict[str, Any], str]] = []
+        async for item in self.kv.iter_scan(scope, prefix=prefix, page_size=page_size):
+            assert item.entry is not None
+            out.append(
+                (
+                    item.key,
+                    decode_record(item.entry.value, what=f"{item.key!r} in run {run_id!r}"),
+                    item.entry.version,
+                )
+            )
+        return out
+
+
+def now() -> float:
+    """Wall-clock seconds (for records' human-facing timestamps)."""
+    return time.time()
