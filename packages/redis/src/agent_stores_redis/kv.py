@@ -226,13 +226,17 @@ class RedisKV(KVStore):
         if self._init_lock is None:
             self._init_lock = asyncio.Lock()
         async with self._init_lock:
-            if self._cluster_ready:
+            # Re-read after waiting: another task may have finished the discovery.
+            if self._already_ready():
                 return
             try:
                 await self._client.initialize()
             except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
                 raise self._unavailable(exc) from exc
             self._cluster_ready = True
+
+    def _already_ready(self) -> bool:
+        return self._cluster_ready
 
     async def _command(self, *args: Any, raw: bool = True, **options: Any) -> Any:
         """Run one command, redis-py errors turned into typed ones.
