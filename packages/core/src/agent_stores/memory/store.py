@@ -373,6 +373,15 @@ class KVMemoryStore:
 
     # -- layout ---------------------------------------------------------------------------
 
+    @property
+    def scope_prefix(self) -> str:
+        """The prefix of every KV scope this store uses."""
+        return self._prefix
+
+    def directory_scope(self, directory: str) -> str:
+        """The KV scope holding the files of ``directory`` (``""``: top-level files)."""
+        return self._scope(directory)
+
     def _scope(self, directory: str) -> str:
         scope = self._prefix + directory
         if len(scope) > self.kv.limits.max_scope_chars:
@@ -780,7 +789,7 @@ class KVMemoryStore:
             record = FileRecord.load(entry.value, where=repr(f"{scope}/{name}")) if entry else None
             keep = record.token if record is not None and record.live else None
             for token, key in chunks:
-                if token != keep and _token_age(token, now) > self._chunk_grace:
+                if token != keep and _token_age(token, now) >= self._chunk_grace:
                     doomed.append(key)
         await asyncio.gather(*(self.kv.delete(scope, key) for key in doomed))
         return len(doomed)

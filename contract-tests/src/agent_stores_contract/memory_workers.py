@@ -1,0 +1,68 @@
+"""Subprocess entry points used by the multi-process memory contract tests.
+
+``python -m agent_stores_contract.memory_workers append URL PREFIX PATH TAG N`` opens a
+memory store, prints ``ready``, waits for one line on stdin (so every process starts at
+the same moment), then runs N concurrent ``append_memory`` calls appending ``TAG-i``.
+
+``python -m agent_stores_contract.memory_workers crash-write URL PREFIX PATH SIZE K OP RECORD_BYTES``
+writes ``crash_content(SIZE)`` to PATH with operation ``op-OP`` and is SIGKILLed by its
+own KV client right before the (K+1)-th KV write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from agent_stores import open_kv
+from agent_stores.memory import KVMemoryStore, append_memory
+
+from .memory import FaultKV, crash_content, op
+
+
+async def append_lines(url: str, prefix: str, path: str, tag: str, count: str) -> None:
+    """Append ``tag-0`` … ``tag-(count-1)`` concurrently once stdin says go."""
+    kv = open_kv(url)
+    try:
+        await kv.setup()
+        store = KVMemoryStore(kv, scope_prefix=prefix)
+        await store.list_paths(path, limit=1)  # connect before the start line
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        await asyncio.gather(*(append_memory(store, path, f"{tag}-{i}") for i in range(int(count))))
+    finally:
+        await kv.aclose()
+
+
+async def crash_write(
+    url: str, prefix: str, path: str, size: str, crash_after: str, name: str, record_bytes: str
+) -> None:
+    """Start a chunked write with an operation and die (SIGKILL) after ``crash_after`` KV writes."""
+    kv = open_kv(url)
+    await kv.setup()
+    faulty = FaultKV(kv, crash_after=int(crash_after), kill_process=True)
+    store = KVMemoryStore(faulty, scope_prefix=prefix, max_record_bytes=int(record_bytes))
+    await store.write(path, crash_content(int(size)), expected_version=None, operation=op(name))
+    await kv.aclose()
+
+
+WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
+    "append": append_lines,
+    "crash-write": crash_write,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the worker named by the first argument."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in WORKERS:
+        raise SystemExit(
+            f"usage: python -m agent_stores_contract.memory_workers {{{','.join(WORKERS)}}} ARGS..."
+        )
+    asyncio.run(WORKERS[args[0]](*args[1:]))
+
+
+if __name__ == "__main__":
+    main()
