@@ -21,8 +21,6 @@ As a command (state kept in ``.servers/redis/`` at the repository root)::
 Each URL carries a unique ``prefix`` so concurrent test runs never clobber each other.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import json
