@@ -1,0 +1,67 @@
+"""A per-store LRU cache of immutable history chunks.
+
+Chunks never change once written (a new version of a chunk is a new key), so a process
+that served the previous turn of a session only reads what is new: the state record and
+any chunk written by another process since. Entries hold both the raw JSON (reused when
+chunks are merged or copied) and the decoded messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from pydantic_ai.messages import ModelMessage
+
+
+@dataclass(frozen=True, slots=True)
+class CachedChunk:
+    """One chunk: its JSON array bytes and the decoded messages."""
+
+    raw: bytes
+    messages: tuple[ModelMessage, ...]
+
+
+class ChunkCache:
+    """Least-recently-used chunks, bounded by the total size of their raw bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, str], CachedChunk] = OrderedDict()
+        self._bytes = 0
+        # Stores may be shared by threads running their own event loops.
+        self._lock = threading.Lock()
+
+    def get(self, scope: str, key: str) -> CachedChunk | None:
+        """The cached chunk, marked as recently used, or None."""
+        with self._lock:
+            item = self._items.get((scope, key))
+            if item is not None:
+                self._items.move_to_end((scope, key))
+            return item
+
+    def put(self, scope: str, key: str, chunk: CachedChunk) -> None:
+        """Remember ``chunk``; evicts the least recently used ones past ``max_bytes``."""
+        size = len(chunk.raw)
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop((scope, key), None)
+            if old is not None:
+                self._bytes -= len(old.raw)
+            self._items[(scope, key)] = chunk
+            self._bytes += size
+            while self._bytes > self.max_bytes and self._items:
+                _, evicted = self._items.popitem(last=False)
+                self._bytes -= len(evicted.raw)
+
+    def discard(self, scope: str, key: str) -> None:
+        """Forget a chunk (after it was deleted)."""
+        with self._lock:
+            old = self._items.pop((scope, key), None)
+            if old is not None:
+                self._bytes -= len(old.raw)
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,311 @@
+"""The stored layout of a session, and the encoding of messages.
+
+A session lives in one KV scope (``<scope_prefix><session_id>``):
+
+``state``
+    One small record, rewritten by every transition with a compare-and-swap. Its bytes
+    are a JSON header line, a newline, then the *inline tail*: a JSON array of the most
+    recent messages (``ModelMessagesTypeAdapter`` format). The header holds the lease,
+    the fence counter, the list of history chunks, the recovery marker and bookkeeping.
+    The state's KV version is the fencing token: every write names the version it read.
+``h/<id>/<part>``
+    Immutable history chunks: each chunk is one JSON array of consecutive messages,
+    split into parts no larger than the backend's item limit. Written *before* the state
+    CAS that references them and never modified afterwards, so they can be cached by key.
+``w``
+    A short-lived hint written by a turn waiting for the session, so the task that just
+    released it yields instead of taking it again at once (fair hand-over).
+
+The history is ``[*chunk_0, *chunk_1, …, *tail]``. Everything here is pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+
+from .errors import EffectCall
+
+FORMAT = "agent-stores.session/1"
+STATE_KEY = "state"
+WAITER_KEY = "w"
+CHUNK_PREFIX = "h/"
+
+EMPTY_ARRAY = b"[]"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who holds a session: an owner token, the fence number of the acquisition, and its expiry."""
+
+    owner: str
+    fence: int
+    expires_at: float
+    acquired_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """A pointer from the state to one immutable history chunk."""
+
+    key: str
+    count: int
+    size: int
+    parts: int
+    level: int
+    sealed: bool = False
+    expires_at: float | None = None
+
+    def part_keys(self) -> list[str]:
+        """The KV keys holding this chunk's bytes, in order."""
+        return [f"{self.key}/{i}" for i in range(self.parts)]
+
+
+@dataclass(frozen=True, slots=True)
+class StateHeader:
+    """The decoded header of the ``state`` record."""
+
+    lease: Lease | None = None
+    fence: int = 0
+    chunks: tuple[ChunkRef, ...] = ()
+    tail_count: int = 0
+    recovery: tuple[EffectCall, ...] = ()
+    recovery_since: float | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    released_by: str | None = None
+    released_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def message_count(self) -> int:
+        """Messages in the whole history."""
+        return sum(c.count for c in self.chunks) + self.tail_count
+
+    def lease_live(self, now: float) -> bool:
+        """True while the lease is held and not expired at ``now``."""
+        return self.lease is not None and self.lease.expires_at > now
+
+
+class RecordError(ValueError):
+    """Stored bytes do not decode as a session record (turned into SESSION_INVALID by the caller)."""
+
+
+# -- state record -------------------------------------------------------------------------
+
+
+def encode_state(header: StateHeader, tail: bytes) -> bytes:
+    """The bytes of a ``state`` record."""
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "fence": header.fence,
+        "lease": None
+        if header.lease is None
+        else {
+            "owner": header.lease.owner,
+            "fence": header.lease.fence,
+            "expires_at": header.lease.expires_at,
+            "acquired_at": header.lease.acquired_at,
+        },
+        "chunks": [
+            [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at]
+            for c in header.chunks
+        ],
+        "tail_count": header.tail_count,
+        "recovery": None
+        if not header.recovery
+        else {"calls": [list(c) for c in header.recovery], "since": header.recovery_since},
+        "created_at": header.created_at,
+        "updated_at": header.updated_at,
+        "released": None
+        if header.released_by is None
+        else {"by": header.released_by, "at": header.released_at},
+    }
+    if header.extra:
+        doc["extra"] = header.extra
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n" + tail
+
+
+def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
+    """Split and validate a ``state`` record; raises :class:`RecordError` on anything unexpected."""
+    head, sep, tail = bytes(value).partition(b"\n")
+    if not sep:
+        raise RecordError("the state record has no header line")
+    try:
+        doc = json.loads(head)
+    except ValueError as exc:
+        raise RecordError(f"the state header is not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise RecordError(f"the state header is not a {FORMAT} record")
+    try:
+        lease_doc = doc["lease"]
+        lease = (
+            None
+            if lease_doc is None
+            else Lease(
+                owner=_str(lease_doc["owner"]),
+                fence=_int(lease_doc["fence"]),
+                expires_at=_num(lease_doc["expires_at"]),
+                acquired_at=_num(lease_doc["acquired_at"]),
+            )
+        )
+        chunks = tuple(_chunk(item) for item in _list(doc["chunks"]))
+        recovery_doc = doc["recovery"]
+        recovery: tuple[EffectCall, ...] = ()
+        since = None
+        if recovery_doc is not None:
+            recovery = tuple(
+                EffectCall(_str(name), _str(call_id))
+                for name, call_id in (_pair(c) for c in _list(recovery_doc["calls"]))
+            )
+            since = _opt_num(recovery_doc.get("since"))
+        released = doc.get("released")
+        header = StateHeader(
+            lease=lease,
+            fence=_int(doc["fence"]),
+            chunks=chunks,
+            tail_count=_int(doc["tail_count"]),
+            recovery=recovery,
+            recovery_since=since,
+            created_at=_num(doc["created_at"]),
+            updated_at=_num(doc["updated_at"]),
+            released_by=None if released is None else _str(released["by"]),
+            released_at=None if released is None else _num(released["at"]),
+            extra=doc.get("extra") or {},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecordError(f"the state header is malformed ({type(exc).__name__}: {exc})") from None
+    if not tail.startswith(b"[") or not tail.endswith(b"]"):
+        raise RecordError("the inline tail is not a JSON array")
+    if any(c.count < 1 or c.size < 2 or c.parts < 1 for c in chunks):
+        raise RecordError("a chunk reference has impossible sizes")
+    if header.tail_count < 0 or (header.tail_count == 0) != (tail == EMPTY_ARRAY):
+        raise RecordError("the inline tail does not match its message count")
+    return header, tail
+
+
+def _chunk(item: Any) -> ChunkRef:
+    key, count, size, parts, level, sealed, expires_at = _list(item)
+    key = _str(key)
+    if not key.startswith(CHUNK_PREFIX):
+        raise ValueError(f"chunk key {key!r} outside {CHUNK_PREFIX}")
+    return ChunkRef(
+        key=key,
+        count=_int(count),
+        size=_int(size),
+        parts=_int(parts),
+        level=_int(level),
+        sealed=bool(sealed),
+        expires_at=_opt_num(expires_at),
+    )
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"expected a string, got {type(v).__name__}")
+    return v
+
+
+def _int(v: Any) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"expected an integer, got {type(v).__name__}")
+    return v
+
+
+def _num(v: Any) -> float:
+    if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
+        raise TypeError(f"expected a number, got {v!r}")
+    return float(v)
+
+
+def _opt_num(v: Any) -> float | None:
+    return None if v is None else _num(v)
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise TypeError(f"expected a list, got {type(v).__name__}")
+    return v
+
+
+def _pair(v: Any) -> tuple[Any, Any]:
+    items = _list(v)
+    if len(items) != 2:
+        raise ValueError("expected a [tool_name, tool_call_id] pair")
+    return items[0], items[1]
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+def encode_messages(messages: Sequence[ModelMessage]) -> bytes:
+    """A JSON array of ``messages`` in Pydantic AI's public format."""
+    if not messages:
+        return EMPTY_ARRAY
+    return ModelMessagesTypeAdapter.dump_json(list(messages))
+
+
+def decode_messages(data: bytes, expected_count: int) -> list[ModelMessage]:
+    """Messages from a JSON array; :class:`RecordError` if invalid or not ``expected_count`` long."""
+    try:
+        messages = ModelMessagesTypeAdapter.validate_json(data)
+    except ValueError as exc:
+        raise RecordError(f"stored messages do not validate: {str(exc)[:300]}") from None
+    if len(messages) != expected_count:
+        raise RecordError(f"expected {expected_count} stored messages, found {len(messages)}")
+    return messages
+
+
+def join_arrays(arrays: Iterable[bytes]) -> bytes:
+    """Concatenate JSON arrays without decoding them."""
+    inner = [a[1:-1] for a in arrays if a != EMPTY_ARRAY]
+    return b"[" + b",".join(inner) + b"]" if inner else EMPTY_ARRAY
+
+
+def split_parts(data: bytes, part_size: int) -> list[bytes]:
+    """Cut ``data`` into pieces of at most ``part_size`` bytes (at least one piece)."""
+    return [data[i : i + part_size] for i in range(0, len(data), part_size)] or [b""]
+
+
+def is_extension(new: Sequence[ModelMessage], old: Sequence[ModelMessage]) -> bool:
+    """True when ``new`` starts with exactly the messages of ``old``.
+
+    Identity is checked first: a history passed through ``agent.run(message_history=…)``
+    comes back with the same message objects, which makes the usual case O(n) pointer
+    comparisons.
+    """
+    if len(new) < len(old):
+        return False
+    return all(a is b or a == b for a, b in zip(new, old, strict=False))
+
+
+def effect_calls_succeeded(calls: Iterable[EffectCall], messages: Sequence[ModelMessage]) -> bool:
+    """True when every call in ``calls`` has a ``ToolReturnPart`` with outcome ``'success'`` in ``messages``."""
+    from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+    wanted = {c.tool_call_id for c in calls}
+    if not wanted:
+        return True
+    for message in reversed(messages):
+        if not isinstance(message, ModelRequest):
+            continue
+        for part in message.parts:
+            if (
+                isinstance(part, ToolReturnPart)
+                and part.outcome == "success"
+                and part.tool_call_id in wanted
+            ):
+                wanted.discard(part.tool_call_id)
+        if not wanted:
+            return True
+    return False
+
+
+def with_lease(header: StateHeader, lease: Lease | None, now: float) -> StateHeader:
+    """``header`` with a new lease and ``updated_at``."""
+    return replace(header, lease=lease, updated_at=now)

@@ -1,0 +1,1017 @@
+"""The storage layer of the session store: every state transition, on the KV CAS base class.
+
+:class:`KVSessionStorage` is the one place that reads and writes session data. The
+:class:`~agent_stores.sessions.SessionStore` above it owns everything else (waiting,
+lease renewal timing, cancellation, draining) and calls only these methods:
+
+========================  ==============================================================
+``load_and_acquire``      read the state, take the lease with one CAS, load the history
+``renew``                 extend the lease (one CAS)
+``mark_effects``          durably add effect calls to the recovery marker (one CAS)
+``checkpoint``            save a history and keep the lease (chunk writes + one CAS)
+``save_and_release``      save a history (or nothing) and release (chunk writes + one CAS)
+``release``               release without saving
+``reset`` / ``clear_recovery``   with an acquired handle: delete / unlatch
+``force_reset``           erase a session whose state cannot even be decoded
+``note_waiting``          leave the fair hand-over hint
+``inspect`` / ``read_messages`` / ``list_sessions``   lease-free reads
+========================  ==============================================================
+
+A backend with a faster native path (a Redis script, one PostgreSQL statement) subclasses
+this class, overrides e.g. ``load_and_acquire`` and ``save_and_release``, keeps the same
+stored layout (:mod:`agent_stores.sessions.records`) and the same rules:
+
+* every write of ``state`` is conditional on the version read (the fencing token); a
+  failed condition raises :class:`LeaseLostError` and marks the handle lost;
+* chunks are written before the state that references them and never modified;
+* no referenced chunk expires before the state that references it.
+
+The caller serializes calls on one handle; different handles may be used concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from pydantic_ai.messages import ModelMessage
+
+from ..errors import (
+    AppError,
+    ConflictError,
+    CorruptRecordError,
+    ResourceClosedError,
+)
+from ..kv.base import Entry, KVStore
+from .cache import CachedChunk, ChunkCache
+from .errors import (
+    EffectCall,
+    InvalidSessionError,
+    LeaseLostError,
+    RecoveryRequiredError,
+    SessionStoreError,
+    TransientStoreError,
+)
+from .info import SessionInfo
+from .records import (
+    CHUNK_PREFIX,
+    EMPTY_ARRAY,
+    STATE_KEY,
+    WAITER_KEY,
+    ChunkRef,
+    Lease,
+    RecordError,
+    StateHeader,
+    decode_messages,
+    decode_state,
+    effect_calls_succeeded,
+    encode_messages,
+    encode_state,
+    is_extension,
+    join_arrays,
+    split_parts,
+)
+
+log = logging.getLogger("agent_stores.sessions")
+
+T = TypeVar("T")
+
+#: Errors after which the same operation may succeed if retried.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
+
+
+@dataclass
+class LeaseHandle:
+    """An acquired session, as the storage layer sees it.
+
+    ``messages`` is the history as stored now (the basis for incremental writes);
+    ``version``/``header``/``tail`` are the generic layer's view of the ``state`` record
+    (a native subclass may keep its own data in ``native``).
+    """
+
+    session_id: str
+    scope: str
+    owner: str
+    fence: int
+    lease_expires_at: float
+    messages: list[ModelMessage]
+    pending_effects: tuple[EffectCall, ...]
+    version: str
+    header: StateHeader
+    tail: bytes
+    lost: bool = False
+    #: the bytes of a state write whose outcome is unknown (transient error), if any
+    uncertain: bytes | None = None
+    native: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    """``load_and_acquire`` took the lease."""
+
+    handle: LeaseHandle
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """``load_and_acquire`` found the session held (or yielded to a waiter); try again later.
+
+    ``lease_expires_at`` is when the holder's lease runs out (None if unknown);
+    ``retry_after`` is a suggested wait in seconds (None: use the normal backoff).
+    """
+
+    lease_expires_at: float | None = None
+    retry_after: float | None = None
+    holder: str | None = None
+
+
+@dataclass
+class _Planned:
+    """A chunk in a history plan: either already stored (``ref``) or still to write (``blob``)."""
+
+    count: int
+    size: int
+    level: int
+    sealed: bool
+    ref: ChunkRef | None = None
+    blob: bytes | None = None
+    messages: Sequence[ModelMessage] | None = None
+
+
+@dataclass
+class _Plan:
+    chunks: list[ChunkRef]
+    tail: bytes
+    tail_count: int
+    written: list[ChunkRef] = field(default_factory=list)
+    obsolete: list[ChunkRef] = field(default_factory=list)
+
+
+class KVSessionStorage:
+    """Session persistence on any :class:`~agent_stores.kv.KVStore` (single-key CAS + scan).
+
+    Sizes derive from ``kv.limits.max_value_bytes`` unless given: the inline tail spills
+    into a chunk past ``tail_bytes``; chunks are merged ``fanout`` at a time (so their
+    count stays logarithmic in the history length) up to ``chunk_bytes``, beyond which
+    they are sealed; chunk parts are at most ``max_value_bytes``.
+    """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        *,
+        store_id: str,
+        ttl_seconds: float | None,
+        lease_seconds: float,
+        scope_prefix: str = "session:",
+        tail_bytes: int | None = None,
+        chunk_bytes: int | None = None,
+        fanout: int = 8,
+        cache_bytes: int = 32 << 20,
+        handover_courtesy_seconds: float = 0.1,
+        waiter_hint_seconds: float = 0.5,
+    ) -> None:
+        self.kv = kv
+        self.store_id = store_id
+        self.ttl_seconds = ttl_seconds
+        self.lease_seconds = lease_seconds
+        self.scope_prefix = scope_prefix
+        max_value = kv.limits.max_value_bytes
+        self.part_bytes = max_value
+        self.tail_bytes = (
+            tail_bytes if tail_bytes is not None else max(256, min(4 << 10, max_value // 8))
+        )
+        self.chunk_bytes = chunk_bytes if chunk_bytes is not None else max(4 << 20, max_value)
+        self.fanout = fanout
+        self.cache = ChunkCache(cache_bytes)
+        self.handover_courtesy_seconds = handover_courtesy_seconds
+        self.waiter_hint_seconds = waiter_hint_seconds
+        self._cleanup_tasks: set[asyncio.Task[None]] = set()
+
+    # -- identity -------------------------------------------------------------------------
+
+    def clock(self) -> float:
+        """Now, on the KV store's clock (which decides expiry)."""
+        return self.kv.clock()
+
+    def scope_for(self, session_id: str) -> str:
+        """The KV scope of a session; :class:`InvalidSessionError` for an unusable id."""
+        if not isinstance(session_id, str):
+            raise InvalidSessionError(
+                f"a session id must be a string, got {type(session_id).__name__}"
+            )
+        if not session_id:
+            raise InvalidSessionError("a session id must not be empty")
+        limit = self.kv.limits.max_scope_chars - len(self.scope_prefix)
+        if len(session_id) > limit:
+            raise InvalidSessionError(
+                f"session id {session_id[:40]!r}… is {len(session_id)} characters; "
+                f"{self.kv.backend_name} allows at most {limit}",
+                session_id=session_id[:80],
+            )
+        if "\x00" in session_id:
+            raise InvalidSessionError(
+                f"session id {session_id[:80]!r} contains a NUL character",
+                session_id=session_id[:80],
+            )
+        try:
+            session_id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidSessionError(
+                f"session id {session_id[:80]!r} is not valid Unicode", session_id=session_id[:80]
+            ) from None
+        return self.scope_prefix + session_id
+
+    def session_id_for(self, scope: str) -> str | None:
+        """The session id of a scope, or None when the scope is not a session's."""
+        return scope[len(self.scope_prefix) :] if scope.startswith(self.scope_prefix) else None
+
+    # -- backend calls ----------------------------------------------------------------------
+
+    async def _call(self, session_id: str, awaitable: Awaitable[T]) -> T:
+        """Await a KV call, turning backend failures into session errors naming the session.
+
+        ConflictError and ResourceClosedError pass through: callers handle the first, the
+        second has its own code.
+        """
+        try:
+            return await awaitable
+        except (ConflictError, ResourceClosedError):
+            raise
+        except CorruptRecordError as exc:
+            raise InvalidSessionError(
+                f"session {session_id!r}: the backend reports a corrupted record: {exc.detail}",
+                session_id=session_id,
+            ) from exc
+        except TRANSIENT_ERRORS as exc:
+            raise TransientStoreError(
+                f"session {session_id!r}: the backend is unavailable: {exc}",
+                session_id=session_id,
+            ) from exc
+        except AppError as exc:
+            raise SessionStoreError(
+                f"session {session_id!r}: {exc.code}: {exc.detail}", session_id=session_id
+            ) from exc
+        except Exception as exc:
+            raise SessionStoreError(
+                f"session {session_id!r}: backend error {type(exc).__name__}: {exc}",
+                session_id=session_id,
+            ) from exc
+
+    def _invalid(self, session_id: str, why: str) -> InvalidSessionError:
+        return InvalidSessionError(
+            f"session {session_id!r} has invalid stored data: {why}", session_id=session_id
+        )
+
+    def _decode(self, session_id: str, value: bytes) -> tuple[StateHeader, bytes]:
+        try:
+            return decode_state(value)
+        except RecordError as exc:
+            raise self._invalid(session_id, str(exc)) from None
+
+    # -- sizes and TTLs -------------------------------------------------------------------
+
+    @property
+    def chunk_ttl(self) -> float | None:
+        """Chunks outlive the state's TTL twice over, so they are re-copied at most once per TTL."""
+        return None if self.ttl_seconds is None else 2 * self.ttl_seconds
+
+    def _level(self, size: int) -> int:
+        ratio = size / self.tail_bytes
+        return 0 if ratio < self.fanout else int(math.log(ratio, self.fanout))
+
+    # -- chunks ---------------------------------------------------------------------------
+
+    async def _write_chunk(
+        self, session_id: str, scope: str, planned: _Planned, now: float
+    ) -> ChunkRef:
+        assert planned.blob is not None
+        key = f"{CHUNK_PREFIX}{secrets.token_hex(8)}"
+        parts = split_parts(planned.blob, self.part_bytes)
+        ttl = self.chunk_ttl
+        await asyncio.gather(
+            *(
+                self._call(session_id, self.kv.create(scope, f"{key}/{i}", part, ttl=ttl))
+                for i, part in enumerate(parts)
+            )
+        )
+        ref = ChunkRef(
+            key=key,
+            count=planned.count,
+            size=planned.size,
+            parts=len(parts),
+            level=planned.level,
+            sealed=planned.sealed,
+            expires_at=None if ttl is None else now + ttl,
+        )
+        if planned.messages is not None:
+            self.cache.put(scope, key, CachedChunk(planned.blob, tuple(planned.messages)))
+        return ref
+
+    async def _fetch_chunks(
+        self, session_id: str, scope: str, refs: Sequence[ChunkRef]
+    ) -> dict[str, bytes]:
+        """Raw bytes of chunks that are not cached, in one ``get_many``."""
+        missing = [r for r in refs if self.cache.get(scope, r.key) is None]
+        if not missing:
+            return {}
+        keys = [k for r in missing for k in r.part_keys()]
+        found: dict[str, Entry] = await self._call(session_id, self.kv.get_many(scope, keys))
+        out: dict[str, bytes] = {}
+        for ref in missing:
+            pieces = [found.get(k) for k in ref.part_keys()]
+            if any(p is None for p in pieces):
+                raise _MissingChunk(ref.key)
+            out[ref.key] = b"".join(p.value for p in pieces if p is not None)
+        return out
+
+    def _assemble(
+        self,
+        session_id: str,
+        scope: str,
+        header: StateHeader,
+        tail: bytes,
+        fetched: dict[str, bytes],
+    ) -> list[ModelMessage]:
+        messages: list[ModelMessage] = []
+        try:
+            for ref in header.chunks:
+                cached = self.cache.get(scope, ref.key)
+                if cached is None:
+                    raw = fetched[ref.key]
+                    if len(raw) != ref.size:
+                        raise RecordError(
+                            f"chunk {ref.key} holds {len(raw)} bytes, the state says {ref.size}"
+                        )
+                    cached = CachedChunk(raw, tuple(decode_messages(raw, ref.count)))
+                    self.cache.put(scope, ref.key, cached)
+                messages.extend(cached.messages)
+            messages.extend(decode_messages(tail, header.tail_count))
+        except RecordError as exc:
+            raise self._invalid(session_id, str(exc)) from None
+        return messages
+
+    async def _chunk_raw(self, session_id: str, scope: str, ref: ChunkRef) -> bytes:
+        cached = self.cache.get(scope, ref.key)
+        if cached is not None:
+            return cached.raw
+        try:
+            return (await self._fetch_chunks(session_id, scope, [ref]))[ref.key]
+        except _MissingChunk as exc:
+            raise self._invalid(session_id, f"history chunk {exc} is missing") from None
+
+    async def _refresh_chunks(
+        self, session_id: str, scope: str, chunks: Sequence[ChunkRef], now: float
+    ) -> tuple[list[ChunkRef], list[ChunkRef], list[ChunkRef]]:
+        """Copy chunks that would expire before a state written now; (chunks, written, obsolete)."""
+        if self.ttl_seconds is None:
+            return list(chunks), [], []
+        horizon = now + self.ttl_seconds
+        out: list[ChunkRef] = []
+        written: list[ChunkRef] = []
+        obsolete: list[ChunkRef] = []
+        for ref in chunks:
+            if ref.expires_at is None or ref.expires_at >= horizon:
+                out.append(ref)
+                continue
+            raw = await self._chunk_raw(session_id, scope, ref)
+            cached = self.cache.get(scope, ref.key)
+            copy = await self._write_chunk(
+                session_id,
+                scope,
+                _Planned(
+                    ref.count,
+                    ref.size,
+                    ref.level,
+                    ref.sealed,
+                    blob=raw,
+                    messages=cached.messages if cached else None,
+                ),
+                now,
+            )
+            out.append(copy)
+            written.append(copy)
+            obsolete.append(ref)
+        return out, written, obsolete
+
+    async def _plan_history(
+        self, handle: LeaseHandle, messages: Sequence[ModelMessage], now: float
+    ) -> _Plan:
+        """Decide what to write so the stored history becomes ``messages``.
+
+        Appending k messages costs O(k) bytes (amortized: spills and merges rewrite each
+        message a logarithmic number of times, bounded by ``chunk_bytes``); anything that
+        is not an extension of the stored history is a full rewrite.
+        """
+        header = handle.header
+        planned: list[_Planned] = [
+            _Planned(c.count, c.size, c.level, c.sealed, ref=c) for c in header.chunks
+        ]
+        obsolete: list[ChunkRef] = []
+        basis = handle.messages
+        if is_extension(messages, basis):
+            delta = messages[len(basis) :]
+            if not delta:
+                return _Plan(list(header.chunks), handle.tail, header.tail_count)
+            tail = join_arrays([handle.tail, encode_messages(delta)])
+            tail_count = header.tail_count + len(delta)
+        else:
+            obsolete = list(header.chunks)
+            planned = []
+            tail = encode_messages(messages)
+            tail_count = len(messages)
+        if len(tail) > self.tail_bytes:
+            planned.extend(self._spill(tail, messages[len(messages) - tail_count :]))
+            tail, tail_count = EMPTY_ARRAY, 0
+        await self._compact(handle, planned, messages, obsolete)
+        chunks: list[ChunkRef] = []
+        written: list[ChunkRef] = []
+        to_write = [p for p in planned if p.ref is None]
+        refs = await asyncio.gather(
+            *(self._write_chunk(handle.session_id, handle.scope, p, now) for p in to_write)
+        )
+        for p, ref in zip(to_write, refs, strict=True):
+            p.ref = ref
+            written.append(ref)
+        for p in planned:
+            assert p.ref is not None
+            chunks.append(p.ref)
+        return _Plan(chunks, tail, tail_count, written, obsolete)
+
+    def _spill(self, tail: bytes, messages: Sequence[ModelMessage]) -> list[_Planned]:
+        """Turn an over-full tail into chunks of at most ``chunk_bytes`` (split at message boundaries)."""
+        if len(tail) <= self.chunk_bytes:
+            return [
+                _Planned(
+                    len(messages),
+                    len(tail),
+                    self._level(len(tail)),
+                    len(tail) >= self.chunk_bytes,
+                    blob=tail,
+                    messages=messages,
+                )
+            ]
+        out: list[_Planned] = []
+        group: list[bytes] = []
+        group_msgs: list[ModelMessage] = []
+        size = 0
+        for message in messages:
+            one = encode_messages([message])[1:-1]
+            if group and size + len(one) + 1 > self.chunk_bytes:
+                blob = b"[" + b",".join(group) + b"]"
+                out.append(
+                    _Planned(
+                        len(group),
+                        len(blob),
+                        self._level(len(blob)),
+                        True,
+                        blob=blob,
+                        messages=group_msgs,
+                    )
+                )
+                group, group_msgs, size = [], [], 0
+            group.append(one)
+            group_msgs.append(message)
+            size += len(one) + 1
+        if group:
+            blob = b"[" + b",".join(group) + b"]"
+            out.append(
+                _Planned(
+                    len(group),
+                    len(blob),
+                    self._level(len(blob)),
+                    len(blob) >= self.chunk_bytes,
+                    blob=blob,
+                    messages=group_msgs,
+                )
+            )
+        return out
+
+    async def _compact(
+        self,
+        handle: LeaseHandle,
+        planned: list[_Planned],
+        messages: Sequence[ModelMessage],
+        obsolete: list[ChunkRef],
+    ) -> None:
+        """Merge the newest ``fanout`` chunks while they share a level (a base-``fanout`` counter)."""
+        f = self.fanout
+        while len(planned) >= f:
+            last = planned[-f:]
+            if any(p.sealed for p in last) or len({p.level for p in last}) != 1:
+                return
+            size = sum(p.size for p in last) - 2 * (f - 1) + (f - 1)
+            if size > self.chunk_bytes:
+                for p in last:
+                    p.sealed = True
+                return
+            blobs = []
+            for p in last:
+                if p.blob is not None:
+                    blobs.append(p.blob)
+                else:
+                    assert p.ref is not None
+                    blobs.append(await self._chunk_raw(handle.session_id, handle.scope, p.ref))
+                    obsolete.append(p.ref)
+            blob = join_arrays(blobs)
+            count = sum(p.count for p in last)
+            start = sum(p.count for p in planned[:-f])
+            merged = _Planned(
+                count,
+                len(blob),
+                last[0].level + 1,
+                len(blob) >= self.chunk_bytes,
+                blob=blob,
+                messages=messages[start : start + count],
+            )
+            planned[-f:] = [merged]
+
+    def _discard_later(self, session_id: str, scope: str, refs: Sequence[ChunkRef]) -> None:
+        """Delete unreferenced chunks in the background; their TTL collects them if this fails."""
+        if not refs:
+            return
+        for ref in refs:
+            self.cache.discard(scope, ref.key)
+
+        async def run() -> None:
+            try:
+                await asyncio.gather(
+                    *(self.kv.delete(scope, k) for r in refs for k in r.part_keys())
+                )
+            except Exception as exc:  # garbage collection is best effort
+                log.debug("session %r: could not delete old chunks: %r", session_id, exc)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._cleanup_tasks.add(task)
+        task.add_done_callback(self._cleanup_tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for background chunk deletions (called when the store closes)."""
+        while self._cleanup_tasks:
+            await asyncio.gather(*list(self._cleanup_tasks), return_exceptions=True)
+
+    # -- state writes ---------------------------------------------------------------------
+
+    async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:
+        """Write ``state`` fenced by the handle's version; on success the handle follows."""
+        if handle.lost:
+            raise self._lost(handle)
+        if handle.uncertain is not None:
+            await self._resolve_uncertain(handle)
+        header, written, obsolete = await self._refreshed(handle, header)
+        value = encode_state(header, tail)
+        try:
+            version = await self._call(
+                handle.session_id,
+                self.kv.replace(
+                    handle.scope,
+                    STATE_KEY,
+                    value,
+                    expected_version=handle.version,
+                    ttl=self.ttl_seconds,
+                ),
+            )
+        except ConflictError:
+            handle.lost = True
+            self._discard_later(handle.session_id, handle.scope, written)
+            raise self._lost(handle) from None
+        except TransientStoreError:
+            handle.uncertain = value
+            raise
+        handle.version = version
+        handle.header = header
+        handle.tail = tail
+        self._discard_later(handle.session_id, handle.scope, obsolete)
+
+    async def _refreshed(
+        self, handle: LeaseHandle, header: StateHeader
+    ) -> tuple[StateHeader, list[ChunkRef], list[ChunkRef]]:
+        chunks, written, obsolete = await self._refresh_chunks(
+            handle.session_id, handle.scope, header.chunks, self.clock()
+        )
+        if written:
+            header = replace(header, chunks=tuple(chunks))
+        return header, written, obsolete
+
+    async def _resolve_uncertain(self, handle: LeaseHandle) -> None:
+        """After a write whose outcome is unknown: adopt it if it landed, else go on from the old version."""
+        entry = await self._call(handle.session_id, self.kv.get(handle.scope, STATE_KEY))
+        attempted, handle.uncertain = handle.uncertain, None
+        if entry is not None and entry.value == attempted:
+            handle.version = entry.version
+            handle.header, handle.tail = self._decode(handle.session_id, entry.value)
+            return
+        if entry is None or entry.version != handle.version:
+            handle.lost = True
+            raise self._lost(handle)
+
+    def _lost(self, handle: LeaseHandle) -> LeaseLostError:
+        return LeaseLostError(
+            f"session {handle.session_id!r}: the lease (fence {handle.fence}) was lost to another "
+            "owner or expired before it could be renewed; nothing more is saved by this turn",
+            session_id=handle.session_id,
+        )
+
+    def _new_lease(self, handle: LeaseHandle, now: float) -> Lease:
+        assert handle.header.lease is not None
+        return replace(handle.header.lease, expires_at=now + self.lease_seconds)
+
+    # -- transitions ----------------------------------------------------------------------
+
+    async def load_and_acquire(
+        self,
+        session_id: str,
+        *,
+        owner: str,
+        allow_recovery: bool = False,
+        load_history: bool = True,
+    ) -> Acquired | Busy:
+        """Take the session's lease with one CAS and load its history.
+
+        Returns :class:`Busy` when another owner's lease is live (or when this store just
+        released the session and another client is waiting: the hand-over courtesy).
+        Raises :class:`RecoveryRequiredError` when the recovery marker is set (unless
+        ``allow_recovery``; the attempt renews the session's TTL) and
+        :class:`InvalidSessionError` when the stored data cannot be decoded (the lease
+        is released again and nothing is overwritten).
+        """
+        scope = self.scope_for(session_id)
+        found = await self._call(session_id, self.kv.get_many(scope, [STATE_KEY, WAITER_KEY]))
+        now = self.clock()
+        entry = found.get(STATE_KEY)
+        lease_end = now + self.lease_seconds
+        if entry is None:
+            header = StateHeader(
+                lease=Lease(owner, 1, lease_end, now), fence=1, created_at=now, updated_at=now
+            )
+            try:
+                version = await self._call(
+                    session_id,
+                    self.kv.create(
+                        scope, STATE_KEY, encode_state(header, EMPTY_ARRAY), ttl=self.ttl_seconds
+                    ),
+                )
+            except ConflictError:
+                return Busy(retry_after=0.0)
+            return Acquired(
+                LeaseHandle(
+                    session_id, scope, owner, 1, lease_end, [], (), version, header, EMPTY_ARRAY
+                )
+            )
+        header, tail = self._decode(session_id, entry.value)
+        if header.lease_live(now) and header.lease is not None and header.lease.owner != owner:
+            return Busy(lease_expires_at=header.lease.expires_at, holder=header.lease.owner)
+        courtesy = self._courtesy(header, found.get(WAITER_KEY), now)
+        if courtesy is not None:
+            return Busy(retry_after=courtesy)
+        if header.recovery and not allow_recovery:
+            await self._touch(session_id, scope, entry.version, header, tail)
+            raise RecoveryRequiredError(
+                f"session {session_id!r} may have an unrecorded effect: "
+                + ", ".join(f"{c.tool_name} (call {c.tool_call_id})" for c in header.recovery)
+                + "; reconcile it, then clear_recovery() or reset()",
+                session_id=session_id,
+                pending_effects=header.recovery,
+            )
+        fence = header.fence + 1
+        acquired = replace(
+            header,
+            lease=Lease(owner, fence, lease_end, now),
+            fence=fence,
+            updated_at=now,
+            released_by=None,
+            released_at=None,
+        )
+        chunks, written, obsolete = await self._refresh_chunks(
+            session_id, scope, header.chunks, now
+        )
+        if written:
+            acquired = replace(acquired, chunks=tuple(chunks))
+        cas = self._call(
+            session_id,
+            self.kv.replace(
+                scope,
+                STATE_KEY,
+                encode_state(acquired, tail),
+                expected_version=entry.version,
+                ttl=self.ttl_seconds,
+            ),
+        )
+        fetched: dict[str, bytes] | BaseException = {}
+        cas_result: str | BaseException
+        if load_history:
+            # The chunk reads ride along with the CAS: one round trip for both.
+            cas_result, fetched = await asyncio.gather(
+                cas, self._fetch_chunks(session_id, scope, acquired.chunks), return_exceptions=True
+            )
+        else:
+            (cas_result,) = await asyncio.gather(cas, return_exceptions=True)
+        if isinstance(cas_result, ConflictError):
+            self._discard_later(session_id, scope, written)
+            return Busy(retry_after=0.0)
+        if isinstance(cas_result, BaseException):
+            raise cas_result
+        handle = LeaseHandle(
+            session_id,
+            scope,
+            owner,
+            fence,
+            lease_end,
+            [],
+            acquired.recovery,
+            cas_result,
+            acquired,
+            tail,
+        )
+        self._discard_later(session_id, scope, obsolete)
+        if not load_history:
+            return Acquired(handle)
+        try:
+            if isinstance(fetched, _MissingChunk):
+                raise self._invalid(session_id, f"history chunk {fetched} is missing")
+            if isinstance(fetched, BaseException):
+                raise fetched
+            handle.messages = self._assemble(session_id, scope, acquired, tail, fetched)
+        except BaseException:
+            await asyncio.shield(self._release_quietly(handle))
+            raise
+        return Acquired(handle)
+
+    def _courtesy(self, header: StateHeader, waiter: Entry | None, now: float) -> float | None:
+        """Seconds to hold back because this store just released the session and someone else waits."""
+        if header.released_by != self.store_id or header.released_at is None or waiter is None:
+            return None
+        if waiter.value == self.store_id.encode():
+            return None
+        remaining = header.released_at + self.handover_courtesy_seconds - now
+        return remaining if remaining > 0 else None
+
+    async def _touch(
+        self, session_id: str, scope: str, version: str, header: StateHeader, tail: bytes
+    ) -> None:
+        """Renew a latched session's TTL (each recovery attempt does); losing the race is fine."""
+        now = self.clock()
+        chunks, written, obsolete = await self._refresh_chunks(
+            session_id, scope, header.chunks, now
+        )
+        header = replace(header, chunks=tuple(chunks), updated_at=now)
+        try:
+            await self._call(
+                session_id,
+                self.kv.replace(
+                    scope,
+                    STATE_KEY,
+                    encode_state(header, tail),
+                    expected_version=version,
+                    ttl=self.ttl_seconds,
+                ),
+            )
+        except ConflictError:
+            self._discard_later(session_id, scope, written)
+            return
+        self._discard_later(session_id, scope, obsolete)
+
+    async def _release_quietly(self, handle: LeaseHandle) -> None:
+        try:
+            await self.release(handle)
+        except Exception as exc:
+            log.warning("session %r: could not release the lease: %r", handle.session_id, exc)
+
+    async def renew(self, handle: LeaseHandle) -> None:
+        """Extend the lease by ``lease_seconds`` from now (and the session's TTL)."""
+        now = self.clock()
+        header = replace(handle.header, lease=self._new_lease(handle, now), updated_at=now)
+        await self._cas_state(handle, header, handle.tail)
+        handle.lease_expires_at = now + self.lease_seconds
+
+    async def mark_effects(self, handle: LeaseHandle, calls: Sequence[EffectCall]) -> None:
+        """Durably add ``calls`` (names and ids only) to the recovery marker before the effects run."""
+        new = [c for c in calls if c not in handle.header.recovery]
+        if not new:
+            return
+        now = self.clock()
+        header = replace(
+            handle.header,
+            lease=self._new_lease(handle, now),
+            recovery=(*handle.header.recovery, *new),
+            recovery_since=handle.header.recovery_since or now,
+            updated_at=now,
+        )
+        await self._cas_state(handle, header, handle.tail)
+        handle.lease_expires_at = now + self.lease_seconds
+        handle.pending_effects = header.recovery
+
+    async def checkpoint(self, handle: LeaseHandle, messages: Sequence[ModelMessage]) -> None:
+        """Save ``messages`` as the history and keep the lease.
+
+        The recovery marker is cleared in the same write when every marked call has a
+        successful ``ToolReturnPart`` in ``messages``.
+        """
+        await self._save(handle, messages, release=False)
+
+    async def save_and_release(
+        self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None
+    ) -> None:
+        """Save ``messages`` (None: keep the stored history) and release the lease, in one CAS."""
+        await self._save(handle, messages, release=True)
+
+    async def release(self, handle: LeaseHandle) -> None:
+        """Release the lease without touching the history."""
+        await self._save(handle, None, release=True)
+
+    async def _save(
+        self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None, *, release: bool
+    ) -> None:
+        if handle.lost:
+            raise self._lost(handle)
+        now = self.clock()
+        header = handle.header
+        plan = (
+            _Plan(list(header.chunks), handle.tail, header.tail_count)
+            if messages is None
+            else await self._plan_history(handle, messages, now)
+        )
+        recovery, since = header.recovery, header.recovery_since
+        if recovery and messages is not None and effect_calls_succeeded(recovery, messages):
+            recovery, since = (), None
+        new_header = replace(
+            header,
+            lease=None if release else self._new_lease(handle, now),
+            chunks=tuple(plan.chunks),
+            tail_count=plan.tail_count,
+            recovery=recovery,
+            recovery_since=since,
+            updated_at=now,
+            released_by=self.store_id if release else None,
+            released_at=now if release else None,
+        )
+        try:
+            await self._cas_state(handle, new_header, plan.tail)
+        except LeaseLostError:
+            self._discard_later(handle.session_id, handle.scope, plan.written)
+            raise
+        self._discard_later(handle.session_id, handle.scope, plan.obsolete)
+        if messages is not None:
+            handle.messages = list(messages)
+        handle.pending_effects = recovery
+        if not release:
+            handle.lease_expires_at = now + self.lease_seconds
+
+    async def clear_recovery(self, handle: LeaseHandle) -> bool:
+        """Clear the recovery marker (keeping the history) and release. True if it was set."""
+        was_set = bool(handle.header.recovery)
+        now = self.clock()
+        header = replace(
+            handle.header,
+            lease=None,
+            recovery=(),
+            recovery_since=None,
+            updated_at=now,
+            released_by=self.store_id,
+            released_at=now,
+        )
+        await self._cas_state(handle, header, handle.tail)
+        handle.pending_effects = ()
+        return was_set
+
+    async def reset(self, handle: LeaseHandle) -> None:
+        """Delete the session (history, marker, lease) with one conditional delete."""
+        if handle.lost:
+            raise self._lost(handle)
+        deleted = await self._call(
+            handle.session_id,
+            self.kv.delete(handle.scope, STATE_KEY, expected_version=handle.version),
+        )
+        if not deleted:
+            handle.lost = True
+            raise self._lost(handle)
+        self._discard_later(handle.session_id, handle.scope, handle.header.chunks)
+
+    async def force_reset(self, session_id: str) -> bool:
+        """Erase a session whose state record cannot be decoded (no one can hold its lease).
+
+        Chunks go first, then the state, conditionally on the version read. Returns False
+        when the state changed meanwhile (it was not deleted).
+        """
+        scope = self.scope_for(session_id)
+        entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+        if entry is None:
+            return False
+        try:
+            decode_state(entry.value)
+        except RecordError:
+            pass
+        else:
+            return False
+        keys = [
+            item.key async for item in self.kv.iter_scan(scope, prefix=CHUNK_PREFIX, values=False)
+        ]
+        for key in keys:
+            await self._call(session_id, self.kv.delete(scope, key))
+        return bool(
+            await self._call(
+                session_id, self.kv.delete(scope, STATE_KEY, expected_version=entry.version)
+            )
+        )
+
+    async def note_waiting(self, session_id: str) -> None:
+        """Tell the current holder's store that another client is waiting (fair hand-over)."""
+        try:
+            await self._call(
+                session_id,
+                self.kv.create(
+                    self.scope_for(session_id),
+                    WAITER_KEY,
+                    self.store_id.encode(),
+                    ttl=self.waiter_hint_seconds,
+                ),
+            )
+        except ConflictError:
+            pass
+
+    # -- lease-free reads -----------------------------------------------------------------
+
+    def _info(self, session_id: str, entry: Entry) -> SessionInfo:
+        try:
+            header, tail = decode_state(entry.value)
+        except RecordError as exc:
+            return SessionInfo(
+                session_id, 0, 0, 0, None, None, 0, (), None, 0.0, 0.0, entry.expires_at, str(exc)
+            )
+        now = self.clock()
+        live = header.lease if header.lease_live(now) else None
+        return SessionInfo(
+            session_id=session_id,
+            message_count=header.message_count,
+            chunk_count=len(header.chunks),
+            stored_bytes=sum(c.size for c in header.chunks) + len(tail),
+            lease_owner=live.owner if live else None,
+            lease_expires_at=live.expires_at if live else None,
+            fence=header.fence,
+            pending_effects=header.recovery,
+            recovery_since=header.recovery_since,
+            created_at=header.created_at,
+            updated_at=header.updated_at,
+            expires_at=entry.expires_at,
+        )
+
+    async def inspect(self, session_id: str) -> SessionInfo | None:
+        """A summary of the session, or None when it does not exist. Takes no lease."""
+        scope = self.scope_for(session_id)
+        entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+        return None if entry is None else self._info(session_id, entry)
+
+    async def read_messages(self, session_id: str) -> list[ModelMessage] | None:
+        """The saved history without taking the lease (a snapshot; None when absent)."""
+        scope = self.scope_for(session_id)
+        for _ in range(5):
+            entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+            if entry is None:
+                return None
+            header, tail = self._decode(session_id, entry.value)
+            try:
+                fetched = await self._fetch_chunks(session_id, scope, header.chunks)
+            except _MissingChunk as missing:
+                # A turn may have merged the chunk away since we read the state.
+                again = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+                if again is not None and again.version != entry.version:
+                    continue
+                raise self._invalid(session_id, f"history chunk {missing} is missing") from None
+            return self._assemble(session_id, scope, header, tail, fetched)
+        raise SessionStoreError(
+            f"session {session_id!r} changed too often to be read", session_id=session_id
+        )
+
+    async def list_sessions(
+        self, prefix: str = "", *, start_after: str | None = None, limit: int = 100
+    ) -> list[SessionInfo]:
+        """Up to ``limit`` sessions whose id starts with ``prefix``, in byte order, after ``start_after``."""
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        out: list[SessionInfo] = []
+        cursor = self.scope_prefix + start_after if start_after is not None else None
+        while len(out) < limit:
+            page = await self._call(
+                prefix,
+                self.kv.scopes(prefix=self.scope_prefix + prefix, start_after=cursor, limit=limit),
+            )
+            entries = await asyncio.gather(
+                *(self._call(s, self.kv.get(s, STATE_KEY)) for s in page)
+            )
+            for scope, entry in zip(page, entries, strict=True):
+                sid = self.session_id_for(scope)
+                if entry is not None and sid is not None and len(out) < limit:
+                    out.append(self._info(sid, entry))
+            if len(page) < limit:
+                break
+            cursor = page[-1]
+        return out
+
+
+class _MissingChunk(Exception):
+    """A chunk part referenced by the state is absent (raised internally, then classified)."""

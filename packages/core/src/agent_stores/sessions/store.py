@@ -1,0 +1,657 @@
+"""``SessionStore``: one active turn per session, on any KV backend."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, ClassVar, Self, TypeVar
+
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
+
+from ..errors import ConfigError, ResourceClosedError
+from ..kv.base import KVStore
+from .errors import (
+    EffectCall,
+    InvalidSessionError,
+    LeaseLostError,
+    SessionBusyError,
+    SessionError,
+    TransientStoreError,
+)
+from .info import SessionInfo
+from .storage import Acquired, KVSessionStorage, LeaseHandle
+
+log = logging.getLogger("agent_stores.sessions")
+
+T = TypeVar("T")
+
+
+class Session:
+    """The session of one active turn: its history and the means to save it.
+
+    Obtained from ``async with store.turn(session_id) as session``. ``messages`` was
+    loaded under exclusion; nothing is saved unless :meth:`replace` is called (then on a
+    clean exit of the block) or :meth:`checkpoint` is awaited (at once).
+    """
+
+    def __init__(self, turn: _Turn, handle: LeaseHandle) -> None:
+        self._turn = turn
+        self._handle = handle
+        self.session_id: str = handle.session_id
+        #: The history loaded when the turn started (your own list: mutating it saves nothing).
+        self.messages: list[ModelMessage] = list(handle.messages)
+        self._replacement: list[ModelMessage] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Session {self.session_id!r} messages={len(self.messages)} "
+            f"fence={self.fence} changed={self.changed}>"
+        )
+
+    @property
+    def changed(self) -> bool:
+        """True once :meth:`replace` was called: the block's clean exit will save."""
+        return self._replacement is not None
+
+    @property
+    def fence(self) -> int:
+        """This turn's fence number: it increases with every acquisition of the session."""
+        return self._handle.fence
+
+    @property
+    def lease_expires_at(self) -> float:
+        """When the lease runs out unless renewed (store clock, unix seconds)."""
+        return self._handle.lease_expires_at
+
+    @property
+    def pending_effects(self) -> tuple[EffectCall, ...]:
+        """Effect calls marked and not yet confirmed by a successful tool return."""
+        return self._handle.pending_effects
+
+    def replace(self, messages: Sequence[ModelMessage]) -> None:
+        """Mark ``messages`` as the new history, saved when the block exits without an exception.
+
+        Typically ``session.replace(result.all_messages())``. The last call wins. When the
+        list extends the stored history only the new messages are written.
+        """
+        self._turn.check_usable()
+        items = list(messages)
+        for index, message in enumerate(items):
+            if not isinstance(message, ModelRequest | ModelResponse):
+                raise TypeError(
+                    f"replace() expects Pydantic AI ModelMessage objects; item {index} is "
+                    f"{type(message).__name__}"
+                )
+        self._replacement = items
+
+    async def checkpoint(self, messages: Sequence[ModelMessage]) -> None:
+        """Save ``messages`` now, keeping the turn; it stays saved even if the block fails later.
+
+        Clears the recovery marker when every marked effect call has a successful
+        ``ToolReturnPart`` in ``messages``. Used by the ``session_checkpoints`` capability.
+        """
+        self._turn.check_usable()
+        items = list(messages)
+        await self._turn.locked(lambda: self._turn.storage.checkpoint(self._handle, items))
+
+    async def mark_effects(self, calls: Iterable[EffectCall | tuple[str, str]]) -> None:
+        """Durably record effect calls (tool name and call id, never arguments) before they run.
+
+        While any marked call lacks a successful return in a saved history, the next
+        ``turn()`` raises ``SESSION_RECOVERY_REQUIRED``.
+        """
+        self._turn.check_usable()
+        items = [EffectCall(str(name), str(call_id)) for name, call_id in calls]
+        if not items:
+            return
+        await self._turn.locked(lambda: self._turn.storage.mark_effects(self._handle, items))
+
+
+class _Turn:
+    """The async context manager returned by :meth:`SessionStore.turn`."""
+
+    def __init__(self, store: SessionStore, session_id: str, timeout_seconds: float) -> None:
+        self.store = store
+        self.storage = store.storage
+        self.session_id = session_id
+        self.timeout_seconds = timeout_seconds
+        self.handle: LeaseHandle | None = None
+        self.session: Session | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._done = asyncio.Event()
+        self._failure: SessionError | ResourceClosedError | None = None
+        self._cancel_requested = False
+        self._exiting = False
+        self._finished = False
+
+    # -- used by Session ------------------------------------------------------------------
+
+    def check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._finished or self._exiting:
+            raise ResourceClosedError(detail=f"the turn on session {self.session_id!r} is over")
+
+    async def locked(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run a state write under the turn's lock, to completion even if the caller is cancelled.
+
+        A write cut off mid-flight would leave the fencing token unknown and make every
+        later write of this turn fail; shielding keeps the turn consistent.
+        """
+
+        async def run() -> T:
+            async with self._lock:
+                self.check_usable()
+                return await operation()
+
+        return await asyncio.shield(asyncio.ensure_future(run()))
+
+    # -- enter ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Session:
+        self._task = asyncio.current_task()
+        handle = await self.store._acquire(self.session_id, self.timeout_seconds)
+        self.handle = handle
+        self.session = Session(self, handle)
+        self.store._active.add(self)
+        self._renewer = asyncio.get_running_loop().create_task(
+            self._renew_loop(), name=f"agent-stores lease {self.session_id[:40]}"
+        )
+        return self.session
+
+    # -- renewal --------------------------------------------------------------------------
+
+    async def _sleep_or_stop(self, seconds: float) -> bool:
+        """Sleep ``seconds``; True when asked to stop meanwhile."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            return self._stop.is_set()
+        return True
+
+    async def _renew_loop(self) -> None:
+        assert self.handle is not None
+        handle = self.handle
+        lease = self.store.lease_seconds
+        # Declare the lease lost a little before it expires, so the owner is interrupted
+        # before anyone else may take the session over.
+        margin = min(lease * 0.1, 1.0)
+        while not await self._sleep_or_stop(lease / 3):
+            backoff = min(0.05, lease / 20)
+            while True:
+                try:
+                    async with self._lock:
+                        if self._stop.is_set():
+                            return
+                        await self.storage.renew(handle)
+                    break
+                except LeaseLostError as exc:
+                    self._fail(exc)
+                    return
+                except ResourceClosedError as exc:
+                    self._fail(exc)
+                    return
+                except Exception as exc:
+                    left = handle.lease_expires_at - margin - self.storage.clock()
+                    if left <= 0:
+                        lost = LeaseLostError(
+                            f"session {self.session_id!r}: the lease could not be renewed before it "
+                            f"expired (last error: {exc})",
+                            session_id=self.session_id,
+                        )
+                        lost.__cause__ = exc
+                        handle.lost = True
+                        self._fail(lost)
+                        return
+                    log.warning(
+                        "session %r: lease renewal failed (%s); retrying for %.2fs",
+                        self.session_id,
+                        exc,
+                        left,
+                    )
+                    if await self._sleep_or_stop(min(backoff * random.uniform(0.5, 1.5), left)):
+                        return
+                    backoff = min(backoff * 2, lease / 6)
+
+    def _fail(self, error: SessionError | ResourceClosedError) -> None:
+        """Record why the turn cannot continue and interrupt its owner task."""
+        if self._failure is not None:
+            return
+        self._failure = error
+        if isinstance(error, LeaseLostError):
+            log.error("%s", error.detail)
+        if not self._exiting and self._task is not None and not self._task.done():
+            self._cancel_requested = True
+            self._task.cancel(msg=f"agent-stores: {error.code}")
+
+    # -- exit -----------------------------------------------------------------------------
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        # Set before any await: from now on a lease loss no longer cancels this task.
+        self._exiting = True
+        assert self.handle is not None and self.session is not None
+        outer_cancel = False
+        if self._cancel_requested and self._task is not None:
+            outer_cancel = self._task.uncancel() > 0
+        try:
+            self._stop.set()
+            if self._renewer is not None:
+                await asyncio.shield(self._renewer)
+            failure = self._failure
+            if failure is not None:
+                if not isinstance(failure, LeaseLostError):
+                    await self._release_quietly()
+                cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+                if cancelled and (outer_cancel or not self._cancel_requested):
+                    # Someone else cancelled this task too: their cancellation wins.
+                    return False
+                raise failure from exc
+            if exc_type is None:
+                replacement = self.session._replacement
+                handle = self.handle
+                await self.locked_exit(lambda: self.storage.save_and_release(handle, replacement))
+                return False
+            await self._release_quietly()
+            return False
+        finally:
+            self._finished = True
+            self.store._turn_finished(self)
+            self._done.set()
+
+    async def locked_exit(self, operation: Callable[[], Awaitable[None]]) -> None:
+        async def run() -> None:
+            async with self._lock:
+                await operation()
+
+        await asyncio.shield(asyncio.ensure_future(run()))
+
+    async def _release_quietly(self) -> None:
+        assert self.handle is not None
+        handle = self.handle
+        if handle.lost:
+            return
+        try:
+            await self.locked_exit(lambda: self.storage.release(handle))
+        except Exception as exc:
+            log.warning(
+                "session %r: could not release the lease (%s); it expires in %.1fs",
+                self.session_id,
+                exc,
+                handle.lease_expires_at - self.storage.clock(),
+            )
+
+    def interrupt(self, error: ResourceClosedError) -> None:
+        """Stop this turn from outside (store closing): its owner task is cancelled, nothing saved."""
+        self._fail(error)
+
+
+class SessionStore:
+    """One active turn per session, on any KV backend; the generic implementation.
+
+    ``SessionStore(kv, *, owns_kv=False, ttl_seconds=86_400, lease_seconds=30, ...)``.
+    Usually opened with ``agent_stores.open_sessions(url)`` or ``connect(url).sessions()``.
+
+    Options:
+
+    ``ttl_seconds``
+        Sliding expiry of an idle session (None: never). Every turn renews it.
+    ``lease_seconds``
+        How long a turn holds the session without renewal; renewed every third of it.
+    ``poll_initial_seconds`` / ``poll_max_seconds``
+        Jittered exponential backoff of a turn waiting for a busy session.
+    ``handover_courtesy_seconds``
+        After releasing a session, this store lets another client's waiting turn take it
+        for this long before taking it again (default: twice ``poll_max_seconds``).
+    ``close_timeout_seconds``
+        How long :meth:`aclose` waits for active turns before interrupting them.
+    ``scope_prefix``
+        Prefix of the KV scopes of sessions (isolates sessions from other stores' data).
+    ``cache_bytes``, ``tail_bytes``, ``chunk_bytes``, ``fanout``
+        History layout tuning; see :class:`~agent_stores.sessions.storage.KVSessionStorage`.
+
+    Backends with a native fast path subclass this class and set :attr:`storage_class`.
+    """
+
+    #: The storage layer class; a backend's native store overrides it.
+    storage_class: ClassVar[type[KVSessionStorage]] = KVSessionStorage
+
+    def __init__(
+        self,
+        kv: KVStore,
+        *,
+        owns_kv: bool = False,
+        ttl_seconds: float | None = 86_400,
+        lease_seconds: float = 30,
+        poll_initial_seconds: float = 0.002,
+        poll_max_seconds: float = 0.05,
+        handover_courtesy_seconds: float | None = None,
+        close_timeout_seconds: float = 30.0,
+        scope_prefix: str = "session:",
+        cache_bytes: int = 32 << 20,
+        tail_bytes: int | None = None,
+        chunk_bytes: int | None = None,
+        fanout: int = 8,
+    ) -> None:
+        if not isinstance(kv, KVStore):
+            raise ConfigError(detail=f"SessionStore needs a KVStore, got {type(kv).__name__}")
+        _positive("lease_seconds", lease_seconds)
+        if ttl_seconds is not None:
+            _positive("ttl_seconds", ttl_seconds)
+            if ttl_seconds < 2 * lease_seconds:
+                raise ConfigError(
+                    detail=f"ttl_seconds ({ttl_seconds}) must be at least twice lease_seconds "
+                    f"({lease_seconds}) so a session cannot expire under an active turn"
+                )
+        _positive("poll_initial_seconds", poll_initial_seconds)
+        _positive("poll_max_seconds", poll_max_seconds)
+        if close_timeout_seconds < 0:
+            raise ConfigError(detail="close_timeout_seconds must be >= 0")
+        if fanout < 2:
+            raise ConfigError(detail="fanout must be >= 2")
+        if not scope_prefix:
+            raise ConfigError(detail="scope_prefix must not be empty")
+        self.kv = kv
+        self.owns_kv = owns_kv
+        self.ttl_seconds = ttl_seconds
+        self.lease_seconds = float(lease_seconds)
+        self.poll_initial_seconds = poll_initial_seconds
+        self.poll_max_seconds = poll_max_seconds
+        self.close_timeout_seconds = close_timeout_seconds
+        #: Identifies this store object in lease owners: ``host:pid:token``.
+        self.store_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        courtesy = (
+            handover_courtesy_seconds
+            if handover_courtesy_seconds is not None
+            else 2 * poll_max_seconds
+        )
+        self.storage = self.storage_class(
+            kv,
+            store_id=self.store_id,
+            ttl_seconds=ttl_seconds,
+            lease_seconds=self.lease_seconds,
+            scope_prefix=scope_prefix,
+            tail_bytes=tail_bytes,
+            chunk_bytes=chunk_bytes,
+            fanout=fanout,
+            cache_bytes=cache_bytes,
+            handover_courtesy_seconds=courtesy,
+            waiter_hint_seconds=max(4 * poll_max_seconds, 2 * courtesy),
+        )
+        self._active: set[_Turn] = set()
+        self._queues: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._closing = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} on {self.kv.describe()} lease={self.lease_seconds}s>"
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` has started."""
+        return self._closing
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise ResourceClosedError(detail=f"the session store on {self.kv.describe()} is closed")
+
+    # -- turns ----------------------------------------------------------------------------
+
+    def turn(self, session_id: str, timeout_seconds: float = 5.0) -> _Turn:
+        """Hold ``session_id`` exclusively for one turn: ``async with store.turn(id) as session``.
+
+        Waits up to ``timeout_seconds`` for another turn to finish (then raises
+        ``SESSION_BUSY``). Raises ``SESSION_RECOVERY_REQUIRED`` while an effect call is
+        latched and ``SESSION_INVALID`` for unusable ids or corrupted data. The lease is
+        renewed in the background; if it is lost the task running the block is cancelled
+        and the block raises ``SESSION_LEASE_LOST``. On a clean exit the history given to
+        :meth:`Session.replace` is saved and the session released, in one write.
+        """
+        self._check_open()
+        self.storage.scope_for(session_id)
+        if timeout_seconds < 0:
+            raise ValueError("timeout_seconds must be >= 0")
+        return _Turn(self, session_id, timeout_seconds)
+
+    async def _acquire(
+        self,
+        session_id: str,
+        timeout_seconds: float,
+        *,
+        allow_recovery: bool = False,
+        load_history: bool = True,
+    ) -> LeaseHandle:
+        """Wait for the session (tasks of this store queue in FIFO order) and take its lease."""
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_seconds
+        lock = self._queue_enter(session_id)
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await lock.acquire()
+            except TimeoutError:
+                raise SessionBusyError(
+                    f"session {session_id!r} stayed busy for {timeout_seconds}s "
+                    "(another turn of this process holds it)",
+                    session_id=session_id,
+                ) from None
+            try:
+                return await self._acquire_remote(
+                    session_id, deadline, allow_recovery=allow_recovery, load_history=load_history
+                )
+            except BaseException:
+                lock.release()
+                raise
+        except BaseException:
+            self._queue_leave(session_id)
+            raise
+
+    async def _acquire_remote(
+        self, session_id: str, deadline: float, *, allow_recovery: bool, load_history: bool
+    ) -> LeaseHandle:
+        loop = asyncio.get_running_loop()
+        owner = f"{self.store_id}:{secrets.token_hex(4)}"
+        delay = self.poll_initial_seconds
+        noted_at: float | None = None
+        holder: str | None = None
+        while True:
+            self._check_open()
+            try:
+                outcome = await self.storage.load_and_acquire(
+                    session_id,
+                    owner=owner,
+                    allow_recovery=allow_recovery,
+                    load_history=load_history,
+                )
+            except TransientStoreError:
+                # Retrying with the same owner token is safe: if the lost answer was a
+                # successful acquire, the next attempt finds our own lease and continues.
+                if loop.time() + delay >= deadline:
+                    raise
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, self.poll_max_seconds)
+                continue
+            if isinstance(outcome, Acquired):
+                return outcome.handle
+            holder = outcome.holder or holder
+            now = loop.time()
+            if now >= deadline:
+                who = f" by {holder}" if holder else ""
+                raise SessionBusyError(
+                    f"session {session_id!r} stayed busy{who} for the whole timeout",
+                    session_id=session_id,
+                )
+            if outcome.retry_after is not None:
+                wait = outcome.retry_after + random.uniform(0, self.poll_initial_seconds)
+            else:
+                if noted_at is None or now - noted_at >= self.storage.waiter_hint_seconds / 2:
+                    noted_at = now
+                    try:
+                        await self.storage.note_waiting(session_id)
+                    except SessionError:
+                        pass  # the hint is a courtesy; waiting works without it
+                wait = delay * random.uniform(0.5, 1.0)
+                delay = min(delay * 2, self.poll_max_seconds)
+            await asyncio.sleep(min(wait, max(deadline - loop.time(), 0.0)))
+
+    def _queue_enter(self, session_id: str) -> asyncio.Lock:
+        lock, users = self._queues.get(session_id, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._queues[session_id] = (lock, users + 1)
+        return lock
+
+    def _queue_leave(self, session_id: str) -> None:
+        lock, users = self._queues[session_id]
+        if users <= 1:
+            del self._queues[session_id]
+        else:
+            self._queues[session_id] = (lock, users - 1)
+
+    def _release_queue(self, session_id: str) -> None:
+        lock, _ = self._queues[session_id]
+        lock.release()
+        self._queue_leave(session_id)
+
+    def _turn_finished(self, turn: _Turn) -> None:
+        if turn in self._active:
+            self._active.discard(turn)
+            self._release_queue(turn.session_id)
+
+    # -- administration -------------------------------------------------------------------
+
+    async def reset(self, session_id: str, *, timeout_seconds: float = 5.0) -> bool:
+        """Delete the session's history and recovery marker. True if it existed.
+
+        Waits for an active turn like :meth:`turn` does. A session whose stored state
+        cannot be decoded is erased too (that is the way out of ``SESSION_INVALID``).
+        """
+        self._check_open()
+        self.storage.scope_for(session_id)
+        try:
+            handle = await self._acquire(
+                session_id, timeout_seconds, allow_recovery=True, load_history=False
+            )
+        except InvalidSessionError:
+            return await self.storage.force_reset(session_id)
+        try:
+            existed = handle.fence > 1 or bool(handle.header.chunks) or handle.header.tail_count > 0
+            await self.storage.reset(handle)
+            return existed
+        finally:
+            self._release_queue(session_id)
+
+    async def clear_recovery(self, session_id: str, *, timeout_seconds: float = 5.0) -> bool:
+        """Clear the recovery marker and keep the history. True if a marker was set.
+
+        Call it after reconciling the effects listed by :meth:`inspect` by your own means.
+        """
+        self._check_open()
+        self.storage.scope_for(session_id)
+        if await self.storage.inspect(session_id) is None:
+            return False
+        handle = await self._acquire(
+            session_id, timeout_seconds, allow_recovery=True, load_history=False
+        )
+        try:
+            return await self.storage.clear_recovery(handle)
+        finally:
+            self._release_queue(session_id)
+
+    async def inspect(self, session_id: str) -> SessionInfo | None:
+        """History length, lease holder and expiry, pending effect calls; None if absent. No lease taken."""
+        self._check_open()
+        return await self.storage.inspect(session_id)
+
+    async def read_messages(self, session_id: str) -> list[ModelMessage] | None:
+        """A snapshot of the saved history without taking the lease (None if absent)."""
+        self._check_open()
+        return await self.storage.read_messages(session_id)
+
+    async def list_sessions(
+        self,
+        prefix: str = "",
+        *,
+        start_after: str | None = None,
+        limit: int = 100,
+        latched_only: bool = False,
+    ) -> list[SessionInfo]:
+        """Sessions whose id starts with ``prefix``, in byte order (admin use: may be slow).
+
+        Latched sessions (pending effect calls) are included; ``latched_only`` keeps only
+        them. Page with ``start_after=<last session_id>``.
+        """
+        self._check_open()
+        out: list[SessionInfo] = []
+        cursor = start_after
+        while True:
+            page = await self.storage.list_sessions(prefix, start_after=cursor, limit=limit)
+            out.extend(i for i in page if i.recovery_required or i.problem or not latched_only)
+            if len(page) < limit or len(out) >= limit:
+                return out[:limit]
+            cursor = page[-1].session_id
+
+    # -- closing --------------------------------------------------------------------------
+
+    async def aclose(self, timeout_seconds: float | None = None) -> None:
+        """Stop accepting turns, wait for active ones (up to ``close_timeout_seconds``), close.
+
+        Turns still active after the timeout are interrupted: their tasks are cancelled,
+        they save nothing and raise ``RESOURCE_CLOSED``. Closes the KV store when the
+        store owns it. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        timeout = self.close_timeout_seconds if timeout_seconds is None else timeout_seconds
+        current = asyncio.current_task()
+        others = [t for t in self._active if t._task is not current]
+        if others:
+            waiters = [asyncio.ensure_future(t._done.wait()) for t in others]
+            _, pending = await asyncio.wait(waiters, timeout=timeout)
+            if pending:
+                for turn in others:
+                    if not turn._done.is_set():
+                        turn.interrupt(
+                            ResourceClosedError(
+                                detail=f"session {turn.session_id!r}: the store closed while the "
+                                "turn was active; nothing was saved"
+                            )
+                        )
+                await asyncio.wait(pending, timeout=max(self.lease_seconds, 1.0))
+                for waiter in pending:
+                    waiter.cancel()
+        await self.storage.drain()
+        self._closed = True
+        if self.owns_kv:
+            await self.kv.aclose()
+
+
+def _positive(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(detail=f"{name} must be a positive number, got {value!r}")
