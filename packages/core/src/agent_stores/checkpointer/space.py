@@ -46,6 +46,8 @@ _BATCH = 100
 _WRITE_CONCURRENCY = 16
 #: Give up a CAS loop after this many lost races (something is badly wrong by then).
 _MAX_ATTEMPTS = 500
+#: Seconds after which a run's index entry is checked again when one of its logs starts.
+_ANCHOR_RECHECK = 5.0
 #: Per-run cache entries kept per store instance.
 _CACHE_RUNS = 1024
 
@@ -114,8 +116,9 @@ class RunSpace:
         self.kv = kv
         self.namespace = namespace
         self.ttl = ttl
-        # run_id -> absolute expiry (inf without TTL); presence means "indexed by this process".
-        self._anchors: LRU[str, float] = LRU(_CACHE_RUNS)
+        # run_id -> (absolute expiry or inf, monotonic time it was checked): presence means
+        # "indexed, as far as this process knows".
+        self._anchors: LRU[str, tuple[float, float]] = LRU(_CACHE_RUNS)
         # (run_id, log) -> (next position, head version)
         self._heads: LRU[tuple[str, str], tuple[int, str]] = LRU(_CACHE_RUNS * 4)
         self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
@@ -156,7 +159,8 @@ class RunSpace:
         expires piecemeal.
         """
         now = self.kv.clock()
-        expires = self._anchors.get(run_id)
+        cached = self._anchors.get(run_id)
+        expires = cached[0] if cached is not None else None
         if expires is None or expires <= now:
             expires = await self._anchor(run_id, now)
         if expires == float("inf"):
@@ -183,7 +187,7 @@ class RunSpace:
                 break
         else:  # pragma: no cover
             raise ConflictError(detail=f"could not anchor run {run_id!r}")
-        self._anchors.set(run_id, expires)
+        self._anchors.set(run_id, (expires, time.monotonic()))
         return expires
 
     # -- position counters ------------------------------------------------------------------
@@ -205,12 +209,20 @@ class RunSpace:
         scope = self.scope(run_id)
         head_key = f"head/{log}"
         async with self._lock(run_id, log):
+            anchor = self._anchors.get(run_id)
+            # A log that starts long after this process indexed the run is re-indexed: the
+            # run may have been deleted meanwhile (by another process), and must stay listed.
+            stale = anchor is not None and time.monotonic() - anchor[1] > _ANCHOR_RECHECK
             for attempt in range(_MAX_ATTEMPTS):
                 ttl = await self.write_ttl(run_id)
                 cached = self._heads.get((run_id, log))
                 if cached is None:
                     entry = await self.kv.get(scope, head_key)
                     if entry is None:
+                        if stale:
+                            stale = False
+                            self._anchors.pop(run_id)
+                            ttl = await self.write_ttl(run_id)
                         try:
                             version = await self.kv.create(
                                 scope, head_key, canonical({"next": count}), ttl=ttl
@@ -370,8 +382,3 @@ class RunSpace:
                 )
             )
         return out
-
-
-def now() -> float:
-    """Wall-clock seconds (for records' human-facing timestamps)."""
-    return time.time()
