@@ -8,7 +8,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agent_stores import CorruptRecordError, KVStore, connect, open_kv, open_memory
+from agent_stores import (
+    CorruptRecordError,
+    KVStore,
+    ValueTooLargeError,
+    connect,
+    open_kv,
+    open_memory,
+)
 from agent_stores.kv.counting import CountingKV
 from agent_stores.memory import KVMemoryStore, append_memory, read_whole
 from agent_stores_contract.memory import MemoryContract, crash_content, op
@@ -358,3 +365,13 @@ class TestContractOnSmallSqliteItems(MemoryContract):
     @pytest.fixture
     def store_url(self, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path}/contract.db?max_value_bytes=16384"
+
+
+async def test_file_too_large_for_one_record_writes_nothing() -> None:
+    kv = open_kv(f"memory://huge-{_name()}?max_value_bytes=1024")
+    store = KVMemoryStore(kv)
+    with pytest.raises(ValueTooLargeError):
+        await store.write("u/main/huge.md", "h" * 1_000_000, expected_version=None)
+    assert await store.read("u/main/huge.md", max_chars=10) is None
+    scope = store.directory_scope("u/main")
+    assert [item.key async for item in kv.iter_scan(scope, values=False)] == []
