@@ -147,7 +147,7 @@ class LoopBoundPool:
             await fresh.pool.close()
             return self._generation.pool
         fresh.guard = loop.create_task(
-            _close_on_loop_shutdown(fresh.pool), name=f"{self._name}-guard"
+            _close_on_loop_shutdown(fresh.pool, tracked), name=f"{self._name}-guard"
         )
         self._generation = fresh
         return fresh.pool
@@ -236,11 +236,22 @@ class LoopBoundPool:
             await self._retire(generation, current)
 
 
-async def _close_on_loop_shutdown(pool: AsyncConnectionPool[Any]) -> None:
-    """Sleep until cancelled (normally by the loop shutting down), then close ``pool``."""
+async def _close_on_loop_shutdown(
+    pool: AsyncConnectionPool[Any], connections: weakref.WeakSet[AsyncConnection[Any]]
+) -> None:
+    """Sleep until cancelled (normally by the loop shutting down), then close ``pool``.
+
+    At shutdown the pool's own worker tasks are being cancelled too, which makes
+    ``pool.close()`` give up before it closes its connections; so every connection the
+    pool made is closed here as well.
+    """
     try:
         await asyncio.get_running_loop().create_future()
     finally:
         if not pool.closed:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(BaseException):
                 await pool.close(timeout=1.0)
+        for conn in list(connections):
+            if not conn.closed:
+                with contextlib.suppress(BaseException):
+                    await conn.close()
