@@ -83,17 +83,20 @@ def _read_reply(reader: BinaryIO) -> object:
     raise ServerError(f"unexpected reply {line!r}")
 
 
-def command(port: int, *args: str, timeout: float = 2.0) -> object:
-    """Send one command to ``127.0.0.1:port`` and return its decoded reply."""
+def command(port: int, *args: str, timeout: float = 2.0, password: str | None = None) -> object:
+    """Send one command to ``127.0.0.1:port`` (after ``AUTH`` if a password is given)."""
     with socket.create_connection((HOST, port), timeout=timeout) as sock:
-        sock.sendall(_encode(*args))
         with sock.makefile("rb") as reader:
+            if password is not None:
+                sock.sendall(_encode("AUTH", password))
+                _read_reply(reader)
+            sock.sendall(_encode(*args))
             return _read_reply(reader)
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, password: str | None = None) -> bool:
     try:
-        return command(port, "PING", timeout=0.5) == "PONG"
+        return command(port, "PING", timeout=0.5, password=password) == "PONG"
     except (OSError, ServerError):
         return False
 
@@ -133,6 +136,7 @@ class RedisServer:
     directory: Path
     cluster: bool = False
     extra_args: list[str] = field(default_factory=list)
+    password: str | None = None
 
     @property
     def pidfile(self) -> Path:
@@ -172,6 +176,8 @@ class RedisServer:
                 "--cluster-node-timeout",
                 "5000",
             ]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
         return args + self.extra_args
 
     def start(self) -> None:
@@ -187,7 +193,7 @@ class RedisServer:
                 f"redis-server on port {self.port} failed: {result.stderr or result.stdout}"
             )
         deadline = time.monotonic() + START_TIMEOUT
-        while not _ping(self.port):
+        while not _ping(self.port, self.password):
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"redis-server on port {self.port} did not answer; see {self.logfile}"
@@ -216,7 +222,7 @@ class RedisServer:
         if pid is None:
             return
         with contextlib.suppress(OSError, ServerError):
-            command(self.port, "SHUTDOWN", "NOSAVE", timeout=2.0)
+            command(self.port, "SHUTDOWN", "NOSAVE", timeout=2.0, password=self.password)
         try:
             self._wait_gone(pid, timeout=5.0)
         except ServerError:
@@ -226,7 +232,7 @@ class RedisServer:
 
     def _wait_gone(self, pid: int, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
-        while _alive(pid) or _ping(self.port):
+        while _alive(pid) or _ping(self.port, self.password):
             if time.monotonic() > deadline:
                 raise ServerError(f"redis-server pid {pid} on port {self.port} did not stop")
             time.sleep(0.02)

@@ -91,7 +91,7 @@ PrivateServer = Callable[..., Any]
 
 @pytest.fixture
 def private_server() -> Iterator[PrivateServer]:
-    """Start private ``redis-server`` processes for one test: ``private_server(*extra_args)``.
+    """Start private ``redis-server`` processes for one test: ``private_server(*args, password=)``.
 
     Returns the ``RedisServer`` (``.port``, ``.kill()``, ``.start()``, ``.stop()``); every
     server started is stopped after the test.
@@ -101,9 +101,11 @@ def private_server() -> Iterator[PrivateServer]:
     started: list[Any] = []
     folder = Path(tempfile.mkdtemp(prefix="as-redis-"))
 
-    def start(*extra_args: str) -> Any:
+    def start(*extra_args: str, password: str | None = None) -> Any:
         port = servers.free_port()
-        server = servers.RedisServer(port, folder / str(port), extra_args=list(extra_args))
+        server = servers.RedisServer(
+            port, folder / str(port), extra_args=list(extra_args), password=password
+        )
         server.start()
         started.append(server)
         return server

@@ -44,10 +44,12 @@ if _SessionContract is not None:
     class TestRedisSessions(RedisURLs, _SessionContract):  # type: ignore[misc,valid-type]
         """The session contract on Redis (native fast path when the plugin offers one)."""
 
+
 if _MemoryContract is not None:
 
     class TestRedisMemory(RedisURLs, _MemoryContract):  # type: ignore[misc,valid-type]
         """The memory contract on Redis."""
+
 
 if _CheckpointerContract is not None:
 

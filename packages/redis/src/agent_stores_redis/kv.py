@@ -5,18 +5,21 @@ atomically by the server, called by SHA. All keys of a scope share a hash tag (s
 :mod:`agent_stores_redis.keys`), so the same scripts work unchanged on a cluster.
 
 Connection errors and timeouts become :class:`~agent_stores.errors.BackendUnavailableError`
-with the URL redacted. The client retries a failed connection a few times (``?retries=``),
-so after a server restart the next operation reconnects by itself; retried writes are
-safe because every write carries its fresh version and a script that finds that version
-already stored reports success instead of a conflict.
+with the URL redacted. Pooled connections are checked before use and transient failures
+are retried a few times (``?retries=``), so after a server restart the next operation
+works without recreating the store. A retried write is safe: it carries its fresh
+version, and a script that finds that version already stored reports success. When a
+reply was lost and the retry finds the entry changed by someone else, the outcome is
+unknown, and the store says so (BackendUnavailableError) instead of a false conflict.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from agent_stores.errors import BackendUnavailableError, ConfigError, ConflictError
 from agent_stores.kv.base import (
@@ -39,6 +42,7 @@ from . import lua
 from .config import (
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PREFIX,
+    DEFAULT_RETRIES,
     HARD_MAX_VALUE_BYTES,
     RedisSettings,
     parse_url,
@@ -59,6 +63,8 @@ DROP_BATCH = 500
 #: How many scopes ``scopes()`` checks for liveness at once.
 SCOPE_CHECK_CONCURRENCY = 16
 
+T = TypeVar("T")
+
 _NEVER_DECODE = "NEVER_DECODE"  # redis-py's execute_command option: return raw bytes
 
 
@@ -67,15 +73,54 @@ def _build_client(settings: RedisSettings) -> Any:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.retry import Retry
-    from redis.backoff import ExponentialBackoff
+    from redis.backoff import NoBackoff
 
     kwargs = dict(settings.client_kwargs)
-    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), settings.retries)
+    # RedisKV retries itself and tracks whether a failed write may have been applied;
+    # a client that silently re-sent a write would turn a lost reply into a false conflict.
+    retry = Retry(NoBackoff(), 0)
     if settings.cluster:
         first = (kwargs.pop("host"), kwargs.pop("port"))
         nodes = [ClusterNode(host, port) for host, port in (first, *settings.startup_nodes)]
         return RedisCluster(startup_nodes=nodes, retry=retry, **kwargs)
     return Redis(retry=retry, **kwargs)
+
+
+def _classify(exc: BaseException) -> tuple[bool | None, bool]:
+    """``(retryable, maybe_sent)`` for an exception from redis-py; retryable None: not ours.
+
+    Errors the server sends back instead of running the command (loading, cluster down,
+    read-only replica after a failover) and failures to connect are retryable and
+    certainly unsent; a broken connection or a timeout may have lost the reply of a
+    command that ran.
+    """
+    from redis.exceptions import (
+        AuthenticationError,
+        BusyLoadingError,
+        ClusterDownError,
+        MaxConnectionsError,
+        ReadOnlyError,
+        RedisClusterException,
+        RedisError,
+        TryAgainError,
+    )
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    if isinstance(exc, AuthenticationError):
+        return False, False
+    if isinstance(
+        exc,
+        BusyLoadingError | ClusterDownError | TryAgainError | ReadOnlyError | MaxConnectionsError,
+    ):
+        return True, False
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
+        return True, "connecting to" not in str(exc).lower()
+    if isinstance(exc, RedisClusterException):
+        return True, False
+    if isinstance(exc, RedisError):
+        return False, False
+    return None, False
 
 
 def _is_cluster(client: Any) -> bool:
@@ -107,9 +152,11 @@ class RedisKV(KVStore):
         owns_client: bool = False,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         description: str | None = None,
+        retries: int = DEFAULT_RETRIES,
         clock: Clock | None = None,
     ) -> None:
         super().__init__(clock=clock)
+        self._retries = max(0, int(retries))
         if not 1024 <= max_value_bytes <= HARD_MAX_VALUE_BYTES:
             raise ConfigError(
                 detail=f"max_value_bytes must be between 1024 and {HARD_MAX_VALUE_BYTES}"
@@ -140,6 +187,7 @@ class RedisKV(KVStore):
             owns_client=True,
             max_value_bytes=settings.max_value_bytes,
             description=settings.describe(),
+            retries=settings.retries,
             clock=clock,
         )
 
@@ -212,6 +260,13 @@ class RedisKV(KVStore):
         reason = redact(str(exc)) or type(exc).__name__
         return BackendUnavailableError(detail=f"{self.describe()}: {type(exc).__name__}: {reason}")
 
+    def _outcome_unknown(self, what: str, scope: str, key: str) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            detail=f"{self.describe()}: the connection failed during {what} of {key[:80]!r} in "
+            f"scope {scope[:80]!r} and a retry found the entry changed; the write may or may "
+            "not have been applied (read it back)"
+        )
+
     async def _ready(self) -> None:
         """Discover the cluster topology once, before any command.
 
@@ -221,56 +276,82 @@ class RedisKV(KVStore):
         """
         if self._cluster_ready:
             return
-        from redis.exceptions import RedisClusterException, RedisError
-
         if self._init_lock is None:
             self._init_lock = asyncio.Lock()
         async with self._init_lock:
             # Re-read after waiting: another task may have finished the discovery.
             if self._already_ready():
                 return
-            try:
-                await self._client.initialize()
-            except (RedisError, RedisClusterException, OSError, TimeoutError) as exc:
-                raise self._unavailable(exc) from exc
+            await self._attempts(self._client.initialize)
             self._cluster_ready = True
 
     def _already_ready(self) -> bool:
         return self._cluster_ready
 
+    async def _attempts(self, call: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+        """Run ``call``, retrying transient failures; returns ``(result, ambiguous)``.
+
+        ``ambiguous`` is True when an earlier attempt failed after the command may have
+        reached the server (a lost reply), so a write's "conflict" answer cannot be trusted:
+        the first attempt may have applied it and someone else may have written since.
+        The redis-py clients this store builds do not retry by themselves, so this is the
+        only place a command is re-sent.
+        """
+        ambiguous = False
+        attempt = 0
+        while True:
+            try:
+                return await call(), ambiguous
+            except BaseException as exc:
+                retryable, maybe_sent = _classify(exc)
+                if retryable is None:
+                    raise
+                if not retryable or attempt >= self._retries:
+                    raise self._unavailable(exc) from exc
+                ambiguous = ambiguous or maybe_sent
+            await asyncio.sleep(min(0.5, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+            attempt += 1
+
     async def _command(self, *args: Any, raw: bool = True, **options: Any) -> Any:
-        """Run one command, redis-py errors turned into typed ones.
+        """Run one read-only command, redis-py errors turned into typed ones.
 
         ``raw``: ask for undecoded bytes whatever the client's ``decode_responses`` (not for
         commands fanned out to several cluster nodes: their result merging rejects it).
         """
-        from redis.exceptions import RedisClusterException, RedisError
-
         await self._ready()
         if raw:
             options[_NEVER_DECODE] = True
+        result, _ = await self._attempts(lambda: self._client.execute_command(*args, **options))
+        return result
+
+    async def _eval_once(self, script: lua.Script, argv: list[Any], numkeys: int) -> Any:
+        from redis.exceptions import NoScriptError
+
         try:
-            return await self._client.execute_command(*args, **options)
-        except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
-            raise self._unavailable(exc) from exc
+            return await self._client.execute_command(
+                "EVALSHA", script.sha, numkeys, *argv, **{_NEVER_DECODE: True}
+            )
+        except NoScriptError:
+            # The server lost its script cache (restart, failover, SCRIPT FLUSH): EVAL runs
+            # the script and caches it again, so the next call by SHA works.
+            return await self._client.execute_command(
+                "EVAL", script.source, numkeys, *argv, **{_NEVER_DECODE: True}
+            )
 
-    async def _eval(self, script: lua.Script, keys: Sequence[bytes], args: Sequence[Any]) -> Any:
-        """Call ``script`` by SHA; on NOSCRIPT re-send it once with EVAL (which caches it)."""
-        from redis.exceptions import NoScriptError, RedisClusterException, RedisError
-
+    async def _eval(
+        self, script: lua.Script, keys: Sequence[bytes], args: Sequence[Any]
+    ) -> tuple[Any, bool]:
+        """Call ``script`` by SHA (re-sent with EVAL on NOSCRIPT); returns ``(result, ambiguous)``."""
         await self._ready()
         argv = [*keys, *args]
-        try:
-            try:
-                return await self._client.execute_command(
-                    "EVALSHA", script.sha, len(keys), *argv, **{_NEVER_DECODE: True}
-                )
-            except NoScriptError:
-                return await self._client.execute_command(
-                    "EVAL", script.source, len(keys), *argv, **{_NEVER_DECODE: True}
-                )
-        except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
-            raise self._unavailable(exc) from exc
+        return await self._attempts(lambda: self._eval_once(script, argv, len(keys)))
+
+    async def _read_eval(
+        self, script: lua.Script, keys: Sequence[bytes], args: Sequence[Any]
+    ) -> Any:
+        """:meth:`_eval` for scripts that are safe to repeat (reads, idempotent cleanups)."""
+        result, _ = await self._eval(script, keys, args)
+        return result
 
     async def _aclose(self) -> None:
         if self._owns_client:
@@ -350,7 +431,7 @@ class RedisKV(KVStore):
         return self._entry(*reply)
 
     async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
-        reply = await self._eval(lua.GET_MANY, [self.layout.entry(scope, k) for k in keys], [])
+        reply = await self._read_eval(lua.GET_MANY, [self.layout.entry(scope, k) for k in keys], [])
         out: dict[str, Entry] = {}
         for key, fields in zip(keys, reply, strict=True):
             entry = self._entry(*fields)
@@ -362,7 +443,7 @@ class RedisKV(KVStore):
         self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
     ) -> str:
         version = new_version()
-        ok = await self._eval(
+        ok, ambiguous = await self._eval(
             lua.CREATE,
             [self.layout.entry(scope, key), self.layout.index(scope)],
             [
@@ -375,6 +456,8 @@ class RedisKV(KVStore):
             ],
         )
         if ok != 1:
+            if ambiguous:
+                raise self._outcome_unknown("create", scope, key)
             raise ConflictError("key exists", scope=scope, key=key)
         return version
 
@@ -388,7 +471,7 @@ class RedisKV(KVStore):
         now: float,
     ) -> str:
         version = new_version()
-        ok = await self._eval(
+        ok, ambiguous = await self._eval(
             lua.REPLACE,
             [self.layout.entry(scope, key), self.layout.index(scope)],
             [
@@ -402,15 +485,19 @@ class RedisKV(KVStore):
             ],
         )
         if ok != 1:
+            if ambiguous:
+                raise self._outcome_unknown("replace", scope, key)
             raise ConflictError("version mismatch", scope=scope, key=key)
         return version
 
     async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
-        ok = await self._eval(
+        ok, ambiguous = await self._eval(
             lua.DELETE,
             [self.layout.entry(scope, key), self.layout.index(scope)],
             [key.encode(), repr(now), expected_version or ""],
         )
+        if ok != 1 and ambiguous:
+            raise self._outcome_unknown("delete", scope, key)
         return bool(ok == 1)
 
     async def _scan(
@@ -421,7 +508,7 @@ class RedisKV(KVStore):
         if start_after is not None and start_after.encode() >= low:
             lower = b"(" + start_after.encode()
         upper = _bytes_upper_bound(low)
-        reply = await self._eval(
+        reply = await self._read_eval(
             lua.SCAN,
             [self.layout.index(scope)],
             [
@@ -442,7 +529,7 @@ class RedisKV(KVStore):
         return items
 
     async def _scope_live(self, scope: str, now: float) -> bool:
-        reply = await self._eval(
+        reply = await self._read_eval(
             lua.SCOPE_LIVE,
             [self.layout.index(scope)],
             [self.layout.entry_prefix(scope), repr(now)],
@@ -452,11 +539,10 @@ class RedisKV(KVStore):
     async def _scopes(
         self, prefix: str, start_after: str | None, limit: int, now: float
     ) -> list[str]:
-        from redis.exceptions import RedisClusterException, RedisError
-
         await self._ready()
-        candidates: set[str] = set()
-        try:
+
+        async def collect() -> set[str]:
+            found: set[str] = set()
             async for name in self._client.scan_iter(
                 match=self.layout.index_pattern(), count=1000, _type="ZSET"
             ):
@@ -466,9 +552,10 @@ class RedisKV(KVStore):
                     continue
                 if start_after is not None and scope <= start_after:
                     continue
-                candidates.add(scope)
-        except (TimeoutError, RedisError, RedisClusterException, OSError) as exc:
-            raise self._unavailable(exc) from exc
+                found.add(scope)
+            return found
+
+        candidates, _ = await self._attempts(collect)
         # Python orders str by code point, which is UTF-8 byte order.
         ordered = sorted(candidates)
         found: list[str] = []
@@ -485,7 +572,7 @@ class RedisKV(KVStore):
     async def _drop_scope(self, scope: str) -> int:
         total = 0
         while True:
-            deleted, remaining = await self._eval(
+            deleted, remaining = await self._read_eval(
                 lua.DROP,
                 [self.layout.index(scope)],
                 [self.layout.entry_prefix(scope), DROP_BATCH],
@@ -520,10 +607,13 @@ class RedisKV(KVStore):
                 kind = "d" if isinstance(op, Delete) else "k"
                 args += [kind, member, b"", "", op.expected_version or "", "", 0]
                 results.append(None)
-        failed = int(await self._eval(lua.COMMIT, keys, args))
+        reply, ambiguous = await self._eval(lua.COMMIT, keys, args)
+        failed = int(reply)
         if failed:
             index = failed - 1
             op = ops[index]
+            if ambiguous:
+                raise self._outcome_unknown("commit", scope, op.key)
             raise ConflictError(
                 f"operation {index} ({type(op).__name__}) failed",
                 scope=scope,
