@@ -164,7 +164,9 @@ class _Statements:
         # subquery on purpose: an EXISTS would be planned as a hash semi-join, which loses
         # the recursion's ascending order; CTE scan -> filter -> limit keeps it and stops
         # the recursion as soon as ``limit`` scopes are found (no ORDER BY, which would
-        # have to visit every scope of the range first).
+        # have to visit every scope of the range first). The probe's ORDER BY key pins it
+        # to the primary key, so a scope whose entries all expired costs its own rows, not
+        # a table scan.
         self.scopes: dict[bool, bytes] = {}
         for bounded in (True, False):
             upper_s: LiteralString = " AND scope < %(hi)s" if bounded else ""
@@ -180,7 +182,7 @@ class _Statements:
                 + " ORDER BY k.scope LIMIT 1) FROM s WHERE s.scope IS NOT NULL) "
                 "SELECT s.scope FROM s WHERE s.scope IS NOT NULL AND (SELECT true FROM {kv} AS e "
                 "WHERE e.scope = s.scope AND (e.expires_at IS NULL OR e.expires_at > %(now)s) "
-                "LIMIT 1) LIMIT %(limit)s"
+                "ORDER BY e.key LIMIT 1) LIMIT %(limit)s"
             )
 
 
