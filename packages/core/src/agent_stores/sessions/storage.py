@@ -128,6 +128,8 @@ class Busy:
     lease_expires_at: float | None = None
     retry_after: float | None = None
     holder: str | None = None
+    #: a waiting-client hint is already in place (no need to write one)
+    waiter_hinted: bool = False
 
 
 @dataclass
@@ -404,44 +406,44 @@ class KVSessionStorage:
     ) -> _Plan:
         """Decide what to write so the stored history becomes ``messages``.
 
-        Appending k messages costs O(k) bytes (amortized: spills and merges rewrite each
-        message a logarithmic number of times, bounded by ``chunk_bytes``); anything that
-        is not an extension of the stored history is a full rewrite.
+        When ``messages`` starts with the chunked part of the stored history, the chunks
+        are kept and only the inline tail is re-encoded from ``messages`` (it is rewritten
+        with the state anyway, and re-encoding captures messages Pydantic AI updated in
+        place after a checkpoint, such as the request it was about to send). So appending
+        k messages costs O(k) bytes (amortized: spills and merges rewrite each message a
+        logarithmic number of times, bounded by ``chunk_bytes``). Anything else is a full
+        rewrite.
         """
         header = handle.header
-        planned: list[_Planned] = [
-            _Planned(c.count, c.size, c.level, c.sealed, ref=c) for c in header.chunks
-        ]
+        chunked = header.message_count - header.tail_count
         obsolete: list[ChunkRef] = []
-        basis = handle.messages
-        if is_extension(messages, basis):
-            delta = messages[len(basis) :]
-            if not delta:
-                return _Plan(list(header.chunks), handle.tail, header.tail_count)
-            tail = join_arrays([handle.tail, encode_messages(delta)])
-            tail_count = header.tail_count + len(delta)
+        if len(messages) >= chunked and is_extension(messages[:chunked], handle.messages[:chunked]):
+            planned = [_Planned(c.count, c.size, c.level, c.sealed, ref=c) for c in header.chunks]
+            tail_messages = messages[chunked:]
         else:
             obsolete = list(header.chunks)
             planned = []
-            tail = encode_messages(messages)
-            tail_count = len(messages)
+            tail_messages = messages
+        tail = encode_messages(tail_messages)
         if len(tail) > self.tail_bytes:
-            planned.extend(self._spill(tail, messages[len(messages) - tail_count :]))
-            tail, tail_count = EMPTY_ARRAY, 0
+            # The newest message stays inline when it is small: it is the one most likely
+            # to be updated by the next save (see above).
+            last = encode_messages(tail_messages[-1:])
+            if len(tail_messages) > 1 and len(last) <= self.tail_bytes // 2:
+                planned.extend(self._spill(encode_messages(tail_messages[:-1]), tail_messages[:-1]))
+                tail, tail_messages = last, tail_messages[-1:]
+            else:
+                planned.extend(self._spill(tail, tail_messages))
+                tail, tail_messages = EMPTY_ARRAY, []
         await self._compact(handle, planned, messages, obsolete)
-        chunks: list[ChunkRef] = []
-        written: list[ChunkRef] = []
         to_write = [p for p in planned if p.ref is None]
         refs = await asyncio.gather(
             *(self._write_chunk(handle.session_id, handle.scope, p, now) for p in to_write)
         )
         for p, ref in zip(to_write, refs, strict=True):
             p.ref = ref
-            written.append(ref)
-        for p in planned:
-            assert p.ref is not None
-            chunks.append(p.ref)
-        return _Plan(chunks, tail, tail_count, written, obsolete)
+        chunks = [p.ref for p in planned if p.ref is not None]
+        return _Plan(chunks, tail, len(tail_messages), list(refs), obsolete)
 
     def _spill(self, tail: bytes, messages: Sequence[ModelMessage]) -> list[_Planned]:
         """Turn an over-full tail into chunks of at most ``chunk_bytes`` (split at message boundaries)."""
@@ -538,13 +540,18 @@ class KVSessionStorage:
         for ref in refs:
             self.cache.discard(scope, ref.key)
 
+        self._spawn(
+            asyncio.gather(*(self.kv.delete(scope, k) for r in refs for k in r.part_keys()))
+        )
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        """Run best-effort cleanup in the background (waited for by :meth:`drain`)."""
+
         async def run() -> None:
             try:
-                await asyncio.gather(
-                    *(self.kv.delete(scope, k) for r in refs for k in r.part_keys())
-                )
-            except Exception as exc:  # garbage collection is best effort
-                log.debug("session %r: could not delete old chunks: %r", session_id, exc)
+                await work
+            except Exception as exc:  # TTLs collect whatever this misses
+                log.debug("session cleanup failed: %r", exc)
 
         task = asyncio.get_running_loop().create_task(run())
         self._cleanup_tasks.add(task)
@@ -664,9 +671,14 @@ class KVSessionStorage:
                 )
             )
         header, tail = self._decode(session_id, entry.value)
+        waiter = found.get(WAITER_KEY)
         if header.lease_live(now) and header.lease is not None and header.lease.owner != owner:
-            return Busy(lease_expires_at=header.lease.expires_at, holder=header.lease.owner)
-        courtesy = self._courtesy(header, found.get(WAITER_KEY), now)
+            return Busy(
+                lease_expires_at=header.lease.expires_at,
+                holder=header.lease.owner,
+                waiter_hinted=waiter is not None,
+            )
+        courtesy = self._courtesy(header, waiter, now)
         if courtesy is not None:
             return Busy(retry_after=courtesy)
         if header.recovery and not allow_recovery:
@@ -729,6 +741,9 @@ class KVSessionStorage:
             tail,
         )
         self._discard_later(session_id, scope, obsolete)
+        if waiter is not None and waiter.value == self.store_id.encode():
+            # We are no longer waiting: make room for the hint of whoever waits now.
+            self._spawn(self.kv.delete(scope, WAITER_KEY, expected_version=waiter.version))
         if not load_history:
             return Acquired(handle)
         try:

@@ -477,7 +477,6 @@ class SessionStore:
         loop = asyncio.get_running_loop()
         owner = f"{self.store_id}:{secrets.token_hex(4)}"
         delay = self.poll_initial_seconds
-        noted_at: float | None = None
         holder: str | None = None
         while True:
             self._check_open()
@@ -506,17 +505,18 @@ class SessionStore:
                     f"session {session_id!r} stayed busy{who} for the whole timeout",
                     session_id=session_id,
                 )
+            if not outcome.waiter_hinted and outcome.retry_after is None:
+                try:
+                    await self.storage.note_waiting(session_id)
+                except SessionError:
+                    pass  # the hint is a courtesy; waiting works without it
+            # Poll with jittered exponential backoff; a courtesy pause (we just released the
+            # session and someone else waits) is polled through the same way, so that if the
+            # other client takes the session we leave our own hint and get it back in turn.
+            wait = delay * random.uniform(0.5, 1.0)
             if outcome.retry_after is not None:
-                wait = outcome.retry_after + random.uniform(0, self.poll_initial_seconds)
-            else:
-                if noted_at is None or now - noted_at >= self.storage.waiter_hint_seconds / 2:
-                    noted_at = now
-                    try:
-                        await self.storage.note_waiting(session_id)
-                    except SessionError:
-                        pass  # the hint is a courtesy; waiting works without it
-                wait = delay * random.uniform(0.5, 1.0)
-                delay = min(delay * 2, self.poll_max_seconds)
+                wait = min(wait, outcome.retry_after + random.uniform(0, self.poll_initial_seconds))
+            delay = min(delay * 2, self.poll_max_seconds)
             await asyncio.sleep(min(wait, max(deadline - loop.time(), 0.0)))
 
     def _queue_enter(self, session_id: str) -> asyncio.Lock:

@@ -1,0 +1,180 @@
+"""Subprocess workers of the session contract, and the scripted agents it shares with them.
+
+``python -m agent_stores_contract.session_workers COMMAND URL SESSION_ID ...``:
+
+``turns URL SESSION N LEASE``
+    N turns on one session; each appends two messages tagged ``<pid>-<i>`` and prints
+    ``{"tag", "start", "end", "seen"}`` (wall-clock ns inside the turn, messages seen).
+``hold URL SESSION LEASE``
+    One turn: checkpoint ``[checkpointed]``, replace with one more message (never saved),
+    print ``{"ready": true}``, then sleep until killed.
+``effect URL SESSION LEASE``
+    One agent run with ``session_checkpoints``: the effect tool prints ``{"ready": true}``
+    and sleeps until killed.
+``agent-turn URL SESSION PROMPT``
+    One agent run continuing the session's conversation; prints ``{"output": ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from agent_stores import open_sessions
+from agent_stores.capabilities import session_checkpoints
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+# -- shared helpers ---------------------------------------------------------------------------
+
+
+def pair(tag: str, pad: int = 0) -> list[ModelMessage]:
+    """A user prompt and a model answer carrying ``tag`` (plus ``pad`` filler characters each)."""
+    filler = " " + "x" * pad if pad else ""
+    return [
+        ModelRequest(parts=[UserPromptPart(f"q:{tag}{filler}")]),
+        ModelResponse(parts=[TextPart(f"a:{tag}{filler}")]),
+    ]
+
+
+def texts(messages: Sequence[ModelMessage]) -> list[str]:
+    """The user prompts and model texts of ``messages``, in order (filler removed)."""
+    out: list[str] = []
+    for message in messages:
+        for part in message.parts:
+            if isinstance(part, UserPromptPart | TextPart) and isinstance(part.content, str):
+                out.append(part.content.split(" ", 1)[0])
+    return out
+
+
+def prompts_model() -> FunctionModel:
+    """A model answering with every user prompt of the conversation so far, joined by ``|``."""
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        prompts = [
+            str(p.content)
+            for m in messages
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, UserPromptPart)
+        ]
+        return ModelResponse(parts=[TextPart("heard: " + " | ".join(prompts))])
+
+    return FunctionModel(answer)
+
+
+def one_call_model(tool_name: str, args: dict[str, Any], final: str = "done") -> FunctionModel:
+    """A model that calls ``tool_name`` once per user prompt, retries after a retry, then answers ``final``."""
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        last = messages[-1]
+        if isinstance(last, ModelRequest):
+            if any(isinstance(p, UserPromptPart) for p in last.parts):
+                return ModelResponse(parts=[ToolCallPart(tool_name, args)])
+            if any(isinstance(p, ToolReturnPart) and p.outcome == "retried" for p in last.parts):
+                return ModelResponse(parts=[ToolCallPart(tool_name, args)])
+        return ModelResponse(parts=[TextPart(final)])
+
+    return FunctionModel(answer)
+
+
+def emit(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+async def turns(url: str, session_id: str, count: str, lease: str) -> None:
+    """Run ``count`` turns, each appending two tagged messages; print one JSON line per turn."""
+    async with open_sessions(url, lease_seconds=float(lease)) as store:
+        for i in range(int(count)):
+            async with store.turn(session_id, timeout_seconds=180) as session:
+                start = time.time_ns()
+                tag = f"{os.getpid()}-{i}"
+                seen = len(session.messages)
+                await asyncio.sleep(random.random() * 0.005)
+                session.replace([*session.messages, *pair(tag)])
+                end = time.time_ns()
+            emit({"tag": tag, "start": start, "end": end, "seen": seen})
+
+
+async def hold(url: str, session_id: str, lease: str) -> None:
+    """Checkpoint, mark an unsaved replacement, then wait to be killed inside the turn."""
+    store = open_sessions(url, lease_seconds=float(lease))
+    async with store, store.turn(session_id, timeout_seconds=30) as session:
+        saved = [*session.messages, *pair("checkpointed")]
+        await session.checkpoint(saved)
+        session.replace([*saved, *pair("unsaved")])
+        emit({"ready": True, "fence": session.fence})
+        await asyncio.sleep(3600)
+
+
+async def effect(url: str, session_id: str, lease: str) -> None:
+    """Start an effect tool under ``session_checkpoints`` and wait to be killed inside it."""
+    agent = Agent(one_call_model("charge_card", {"amount": 12}))
+
+    @agent.tool_plain
+    async def charge_card(amount: int) -> str:
+        emit({"ready": True})
+        await asyncio.sleep(3600)
+        return "charged"
+
+    store = open_sessions(url, lease_seconds=float(lease))
+    async with store, store.turn(session_id, timeout_seconds=30) as session:
+        result = await agent.run(
+            "pay",
+            message_history=session.messages,
+            conversation_id=session.session_id,
+            capabilities=[session_checkpoints(session, effect_tools={"charge_card"})],
+        )
+        session.replace(result.all_messages())
+
+
+async def agent_turn(url: str, session_id: str, prompt: str) -> None:
+    """Continue the conversation with one agent run through ``turn()``."""
+    agent = Agent(prompts_model())
+    store = open_sessions(url)
+    async with store, store.turn(session_id, timeout_seconds=30) as session:
+        result = await agent.run(
+            prompt, message_history=session.messages, conversation_id=session.session_id
+        )
+        session.replace(result.all_messages())
+    emit({"output": result.output, "messages": len(result.all_messages())})
+
+
+WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
+    "turns": turns,
+    "hold": hold,
+    "effect": effect,
+    "agent-turn": agent_turn,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the worker named by the first argument."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in WORKERS:
+        raise SystemExit(
+            f"usage: python -m agent_stores_contract.session_workers {{{','.join(WORKERS)}}} ARGS..."
+        )
+    asyncio.run(WORKERS[args[0]](*args[1:]))
+
+
+if __name__ == "__main__":
+    main()

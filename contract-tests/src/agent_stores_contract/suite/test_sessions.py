@@ -1,0 +1,7 @@
+"""The session contract against ``--store-url``."""
+
+from agent_stores_contract import SessionContract
+
+
+class TestSessions(SessionContract):
+    """Every session contract test, on the URL under test."""
