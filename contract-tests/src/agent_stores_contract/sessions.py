@@ -741,7 +741,7 @@ class SessionContract(ContractBase):
         seen: dict[str, Any] = {}
 
         @agent.tool
-        async def book(ctx: RunContext[None], slot: str) -> str:
+        async def book(ctx: RunContext[object], slot: str) -> str:
             seen["info"] = await observer.inspect(sid)
             scope = observer.storage.scope_for(sid)
             seen["raw"] = b"".join(
@@ -847,7 +847,7 @@ class SessionContract(ContractBase):
             ran = True
             return "deleted"
 
-        def deny(ctx: RunContext[None], requests: DeferredToolRequests) -> DeferredToolResults:
+        def deny(ctx: RunContext[object], requests: DeferredToolRequests) -> DeferredToolResults:
             return DeferredToolResults(
                 approvals={c.tool_call_id: ToolDenied("no") for c in requests.approvals}
             )
@@ -996,7 +996,7 @@ class SessionContract(ContractBase):
                 await agent.run("x")
             assert caught.value is error
         # A result from an earlier run (in the history) is not this run's.
-        old = [
+        old: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart("before")]),
             ModelResponse(parts=[ToolCallPart("confirm", {}, tool_call_id="old")]),
             ModelRequest(parts=[ToolReturnPart("confirm", "old answer", tool_call_id="old")]),
@@ -1190,11 +1190,13 @@ class SessionContract(ContractBase):
 
     async def test_rejects_bad_options(self, kv: KVStore) -> None:
         """Invalid store options raise CONFIG_INVALID."""
-        for options in (
+        bad: list[dict[str, Any]] = [
             {"lease_seconds": 0},
             {"ttl_seconds": 10, "lease_seconds": 30},
             {"ttl_seconds": -1},
-        ):
+            {"fanout": 1},
+        ]
+        for options in bad:
             with pytest.raises(AppError) as caught:
                 SessionStore(kv, **options)
             assert caught.value.code == ErrorCode.CONFIG_INVALID

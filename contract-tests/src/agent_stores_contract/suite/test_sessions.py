@@ -1,6 +1,6 @@
 """The session contract against ``--store-url``."""
 
-from agent_stores_contract import SessionContract
+from agent_stores_contract.sessions import SessionContract
 
 
 class TestSessions(SessionContract):
