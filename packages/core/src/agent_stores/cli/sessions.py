@@ -1,0 +1,199 @@
+"""``agent-stores sessions URL list | show ID | reset ID | clear-recovery ID``."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from ..sessions import SessionInfo, SessionStore
+from ..url import StoreURL
+from .common import run_async
+
+
+def _open(url: str) -> SessionStore:
+    from ..connection import open_sessions
+
+    return open_sessions(url)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _lease(info: SessionInfo, now: float) -> str:
+    if info.lease_owner is None or info.lease_expires_at is None:
+        return "free"
+    return f"held by {info.lease_owner} ({info.lease_expires_at - now:.1f}s left)"
+
+
+def _as_dict(info: SessionInfo) -> dict[str, Any]:
+    return {
+        "session_id": info.session_id,
+        "message_count": info.message_count,
+        "chunk_count": info.chunk_count,
+        "stored_bytes": info.stored_bytes,
+        "lease_owner": info.lease_owner,
+        "lease_expires_at": info.lease_expires_at,
+        "fence": info.fence,
+        "pending_effects": [list(c) for c in info.pending_effects],
+        "recovery_since": info.recovery_since,
+        "created_at": info.created_at,
+        "updated_at": info.updated_at,
+        "expires_at": info.expires_at,
+        "problem": info.problem,
+    }
+
+
+@click.group()
+@click.argument("url", metavar="URL")
+@click.pass_context
+def sessions(ctx: click.Context, url: str) -> None:
+    """Inspect and repair the sessions stored at URL."""
+    ctx.obj = url
+
+
+@sessions.command("list")
+@click.option("--prefix", default="", help="Only session ids starting with this.")
+@click.option("--latched", is_flag=True, help="Only sessions waiting for recovery.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--after", default=None, help="Page: start after this session id.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+@run_async
+async def list_sessions(
+    url: str, prefix: str, latched: bool, limit: int, after: str | None, as_json: bool
+) -> None:
+    """List sessions (latched ones included, marked RECOVERY)."""
+    async with _open(url) as store:
+        found = await store.list_sessions(
+            prefix, start_after=after, limit=limit, latched_only=latched
+        )
+        now = store.kv.clock()
+    if as_json:
+        for info in found:
+            click.echo(json.dumps(_as_dict(info)))
+        return
+    if not found:
+        click.echo(f"no sessions in {StoreURL.parse(url).render()}")
+        return
+    for info in found:
+        if info.problem:
+            state = "INVALID"
+        elif info.recovery_required:
+            state = f"RECOVERY ({len(info.pending_effects)} pending)"
+        else:
+            state = _lease(info, now)
+        click.echo(
+            f"{info.session_id}\t{info.message_count} messages\t{state}\t"
+            f"updated {_when(info.updated_at)}"
+        )
+
+
+@sessions.command("show")
+@click.argument("session_id")
+@click.option("--messages", "show_messages", is_flag=True, help="Also print the history.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@run_async
+async def show(url: str, session_id: str, show_messages: bool, as_json: bool) -> None:
+    """Show one session: history size, lease, pending effect calls."""
+    async with _open(url) as store:
+        info = await store.inspect(session_id)
+        if info is None:
+            raise click.ClickException(f"no session {session_id!r}")
+        messages = (
+            await store.read_messages(session_id) if show_messages and not info.problem else None
+        )
+        now = store.kv.clock()
+    if as_json:
+        out = _as_dict(info)
+        if messages is not None:
+            from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+            out["messages"] = json.loads(ModelMessagesTypeAdapter.dump_json(messages))
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo(f"session      {info.session_id}")
+    if info.problem:
+        click.echo(f"INVALID      {info.problem}")
+        click.echo("             (reset it to start over: the data is left as found)")
+        return
+    click.echo(
+        f"messages     {info.message_count} ({info.stored_bytes} bytes, {info.chunk_count} chunks)"
+    )
+    click.echo(f"lease        {_lease(info, now)}; fence {info.fence}")
+    click.echo(f"updated      {_when(info.updated_at)}; expires {_when(info.expires_at)}")
+    if info.pending_effects:
+        click.echo(
+            f"RECOVERY     required since {_when(info.recovery_since)}; pending effect calls:"
+        )
+        for call in info.pending_effects:
+            click.echo(f"               {call.tool_name} (call {call.tool_call_id})")
+        click.echo(
+            "             check them by your own means, then: clear-recovery (keeps history) or reset"
+        )
+    else:
+        click.echo("recovery     not required")
+    for line in _describe(messages or []):
+        click.echo(line)
+
+
+def _describe(messages: list[Any]) -> list[str]:
+    from pydantic_ai.messages import (
+        ModelRequest,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+
+    lines: list[str] = []
+    for i, message in enumerate(messages):
+        for part in message.parts:
+            if isinstance(part, UserPromptPart):
+                text = f"user: {part.content}"
+            elif isinstance(part, TextPart):
+                text = f"model: {part.content}"
+            elif isinstance(part, ToolCallPart):
+                text = f"tool call {part.tool_name} ({part.tool_call_id})"
+            elif isinstance(part, ToolReturnPart):
+                text = f"tool return {part.tool_name} [{part.outcome}]: {part.model_response_str()}"
+            else:
+                text = type(part).__name__
+            kind = "req" if isinstance(message, ModelRequest) else "res"
+            lines.append(f"  {i:>4} {kind}  {text[:160]}")
+    return lines
+
+
+@sessions.command("reset")
+@click.argument("session_id")
+@click.pass_obj
+@run_async
+async def reset(url: str, session_id: str) -> None:
+    """Delete a session's history and recovery marker (waits for an active turn)."""
+    async with _open(url) as store:
+        existed = await store.reset(session_id)
+    click.echo(
+        f"reset {session_id}" if existed else f"no session {session_id!r} (nothing to reset)"
+    )
+
+
+@sessions.command("clear-recovery")
+@click.argument("session_id")
+@click.pass_obj
+@run_async
+async def clear_recovery(url: str, session_id: str) -> None:
+    """Clear the recovery marker of a session, keeping its history."""
+    async with _open(url) as store:
+        info = await store.inspect(session_id)
+        cleared = await store.clear_recovery(session_id)
+    if cleared and info is not None:
+        calls = ", ".join(f"{c.tool_name} ({c.tool_call_id})" for c in info.pending_effects)
+        click.echo(f"cleared the recovery marker of {session_id} (was pending: {calls})")
+    else:
+        click.echo(f"session {session_id!r} had no recovery marker")
