@@ -11,9 +11,19 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import Any
 
 import click
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from ..errors import AppError
 from ..selection import default_url
@@ -23,18 +33,8 @@ from .common import run_async
 EFFECT_TOOLS = {"book_table"}
 
 
-def _script_model() -> Any:
+def _script_model() -> FunctionModel:
     """The scripted model: reads the latest prompt or tool result and answers accordingly."""
-    from pydantic_ai.messages import (
-        ModelMessage,
-        ModelRequest,
-        ModelResponse,
-        TextPart,
-        ToolCallPart,
-        ToolReturnPart,
-        UserPromptPart,
-    )
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
 
     def prompts(messages: list[ModelMessage]) -> list[str]:
         return [
@@ -88,10 +88,8 @@ def _script_model() -> Any:
     return FunctionModel(answer, model_name="scripted-concierge")
 
 
-def _make_agent(interrupt_booking: Callable[[], bool]) -> Any:
-    from pydantic_ai import Agent
-
-    agent: Any = Agent(_script_model(), instructions="You are a concierge.")
+def _make_agent(interrupt_booking: Callable[[], bool]) -> Agent[None, str]:
+    agent: Agent[None, str] = Agent(_script_model(), instructions="You are a concierge.")
 
     @agent.tool_plain
     def weather(city: str) -> str:
@@ -190,9 +188,7 @@ async def demo(url: str | None, session_id: str | None) -> None:
         echo(f"look at it:  agent-stores sessions {shown} show {sid} --messages")
 
 
-def _tool_lines(messages: list[Any]) -> list[str]:
-    from pydantic_ai.messages import ToolCallPart, ToolReturnPart
-
+def _tool_lines(messages: list[ModelMessage]) -> list[str]:
     lines: list[str] = []
     for message in messages:
         for part in message.parts:
