@@ -1,0 +1,53 @@
+"""``agent-stores demo``: the project's main command, on the embedded default and on any URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from agent_stores.cli import cli
+from click.testing import CliRunner
+
+STORY = [
+    "In Paris it is sunny, 22°C.",
+    'Before this you asked: "What\'s the weather in Paris?".',
+    "the connection dropped",
+    "refused: SESSION_RECOVERY_REQUIRED: pending effect book_table (call ",
+    "store.clear_recovery(",
+    "I have no confirmed booking in our conversation.",
+    "Done: table for 2 at Chez Ada, 20:00, confirmation AB-1234.",
+    "holds 12 messages, recovery required: False",
+]
+
+
+def _assert_story(output: str) -> None:
+    position = 0
+    for line in STORY:
+        found = output.find(line, position)
+        assert found >= 0, f"missing (in order): {line!r}\n{output}"
+        position = found
+
+
+def test_demo_on_memory() -> None:
+    result = CliRunner().invoke(cli, ["demo", "--url", "memory://demo-test"])
+    assert result.exit_code == 0, result.output
+    _assert_story(result.output)
+    assert "Chez Ada" in result.output and "memory://demo-test" in result.output
+
+
+def test_demo_on_the_embedded_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --url the demo uses the embedded SQLite file; a second run may continue a session."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.delenv("AGENT_STORES_URL", raising=False)
+    runner = CliRunner()
+    first = runner.invoke(cli, ["demo", "--session", "kept"])
+    assert first.exit_code == 0, first.output
+    _assert_story(first.output)
+    assert (tmp_path / "agent-stores" / "agent-stores.db").exists()
+    second = runner.invoke(cli, ["demo", "--session", "kept"])
+    assert second.exit_code == 0, second.output
+    assert "(the agent sees 12 earlier messages)" in second.output
+    shown = runner.invoke(
+        cli, ["sessions", f"sqlite:///{tmp_path}/agent-stores/agent-stores.db", "show", "kept"]
+    )
+    assert shown.exit_code == 0 and "recovery     not required" in shown.output
