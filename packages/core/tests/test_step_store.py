@@ -211,3 +211,14 @@ async def test_delegate_lineage_by_parent(steps: KVStepStore) -> None:
     children = await steps.list_runs(parent_run_id="boss")
     assert len(children) == 1 and children[0].parent_run_id == "boss"
     assert [r.run_id for r in await steps.list_runs(conversation_id="conv-1")] == ["boss"]
+
+
+async def test_long_lineage_ids(steps: KVStepStore) -> None:
+    """Conversation and parent ids longer than a scope name allows still index and list."""
+    conversation, parent = "c" * 3000, "p" * 3000
+    await steps.register_run(
+        RunRecord(run_id="r", conversation_id=conversation, parent_run_id=parent)
+    )
+    assert [r.run_id for r in await steps.list_runs(conversation_id=conversation)] == ["r"]
+    assert [r.run_id for r in await steps.list_runs(parent_run_id=parent)] == ["r"]
+    assert await steps.list_runs(conversation_id="c" * 2999) == []

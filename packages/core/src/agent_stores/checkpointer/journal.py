@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import CorruptRecordError
 from ..kv.base import KVStore
+from .codec import decode_record
 from .space import RunSpace, bounded_gather
 from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
 
@@ -224,22 +225,36 @@ class Checkpointer:
         leaves at worst a listed run with no data, which deleting again removes.
         """
         scope = self.space.scope(run_id)
-        record = await self.step_store().get_run(run_id=run_id)
+        lineage = await self._lineage(run_id)
         removed = await self.kv.drop_scope(scope)
-        if record is not None and record.conversation_id is not None:
-            await self.kv.delete(self.space.conversation_scope(record.conversation_id), run_id)
-        if record is not None and record.parent_run_id is not None:
-            await self.kv.delete(self.space.parent_scope(record.parent_run_id), run_id)
+        conversation_id, parent_run_id = lineage
+        if conversation_id is not None:
+            await self.kv.delete(self.space.conversation_scope(conversation_id), run_id)
+        if parent_run_id is not None:
+            await self.kv.delete(self.space.parent_scope(parent_run_id), run_id)
         indexed = await self.kv.delete(self.space.runs_scope, run_id)
         self.space.forget(run_id)
-        self.step_store().forget(run_id)
+        if self._step_store is not None:
+            self._step_store.forget(run_id)
         return removed > 0 or indexed
+
+    async def _lineage(self, run_id: str) -> tuple[str | None, str | None]:
+        """``(conversation_id, parent_run_id)`` of a registered run (read without the harness)."""
+        entry = await self.kv.get(self.space.scope(run_id), "run")
+        if entry is None:
+            return None, None
+        record = _decode_index(entry.value).get("record")
+        if not isinstance(record, dict):
+            return None, None
+        conversation_id, parent_run_id = record.get("conversation_id"), record.get("parent_run_id")
+        return (
+            conversation_id if isinstance(conversation_id, str) else None,
+            parent_run_id if isinstance(parent_run_id, str) else None,
+        )
 
 
 def _decode_index(value: bytes) -> dict[str, Any]:
-    from .codec import decode_record
-
     try:
-        return decode_record(value, what="run index entry")
+        return decode_record(value, what="run record")
     except CorruptRecordError:
         return {}

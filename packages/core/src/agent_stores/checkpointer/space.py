@@ -89,6 +89,12 @@ class Created:
     version: str
 
 
+def _short(identifier: str) -> str:
+    if len(identifier) > 200 or "\x00" in identifier:
+        return "h/" + digest(identifier.encode("utf-8", "surrogatepass"))
+    return identifier
+
+
 async def backoff(attempt: int) -> None:
     """Sleep a jittered, growing delay after a lost CAS race."""
     await asyncio.sleep(random.random() * min(0.05, 0.0005 * (2 ** min(attempt, 10))))
@@ -138,10 +144,12 @@ class RunSpace:
         return f"{self.namespace}/runs"
 
     def conversation_scope(self, conversation_id: str) -> str:
-        return f"{self.namespace}/conv/{conversation_id}"
+        """The lineage index of a conversation (long ids hashed; readers verify records)."""
+        return f"{self.namespace}/conv/{_short(conversation_id)}"
 
     def parent_scope(self, parent_run_id: str) -> str:
-        return f"{self.namespace}/parent/{parent_run_id}"
+        """The lineage index of a parent run (long ids hashed; readers verify records)."""
+        return f"{self.namespace}/parent/{_short(parent_run_id)}"
 
     def forget(self, run_id: str) -> None:
         """Drop every cached fact about ``run_id`` (after deleting it)."""
