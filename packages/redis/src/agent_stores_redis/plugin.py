@@ -3,7 +3,10 @@
 Importing this module must stay cheap: it never imports redis-py. URL factories are
 import strings resolved only when a Redis URL is opened, and :func:`kv_from_client` only
 looks at a client if redis-py is already imported (a client object cannot exist
-otherwise).
+otherwise). :func:`session_store` returns the native session store
+(:class:`agent_stores_redis.sessions.RedisSessionStore`, two round trips per turn) for a
+Redis KV store; memory and checkpointer use the generic stores, which run their
+conditional writes through the same Lua scripts.
 """
 
 from __future__ import annotations
@@ -48,15 +51,21 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     return RedisKV.from_client(client, **options)
 
 
+@hookimpl
+def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """The native session store (two round trips per turn) when ``kv`` is a :class:`RedisKV`."""
+    from .kv import RedisKV
+
+    if not isinstance(kv, RedisKV):
+        return None
+    from .sessions import RedisSessionStore
+
+    return RedisSessionStore(kv, **options)
+
+
 def kv_from_redis_client(client: Any, options: dict[str, Any] | None = None) -> KVStore:
     """Direct form of :func:`kv_from_client` for callers who skip plugin selection."""
     store = kv_from_client(client, dict(options or {}))
     if store is None:
         raise TypeError(f"not a redis-py client: {type(client).__name__}")
     return store
-
-
-def _is_redis_url(url: StoreURL | None) -> bool:
-    from .config import SCHEMES
-
-    return url is not None and url.scheme in SCHEMES

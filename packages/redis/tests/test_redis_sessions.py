@@ -1,0 +1,239 @@
+"""The native session store on Redis: what it saves over the generic one, and that it stays safe.
+
+Commands are counted by the server itself (``MONITOR`` on a private server), so "two
+round trips per turn" is measured, not assumed: the store sends each command as one
+request/response exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from agent_stores import connect, open_sessions
+from agent_stores.sessions import LeaseLostError, SessionStore
+from agent_stores.sessions.records import CHUNK_PREFIX
+from agent_stores_contract.kv import offset_clock
+from agent_stores_redis import lua
+from agent_stores_redis.sessions import RedisSessionStore
+from conftest import PrivateServer
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from redis.asyncio import Redis
+
+
+def pair(text: str, pad: int = 0) -> list[ModelMessage]:
+    return [
+        ModelRequest(parts=[UserPromptPart(f"q:{text}" + " " * pad)]),
+        ModelResponse(parts=[TextPart(f"a:{text}")]),
+    ]
+
+
+def texts(messages: list[ModelMessage]) -> list[str]:
+    out: list[str] = []
+    for message in messages:
+        part = message.parts[0]
+        content = getattr(part, "content", "")
+        out.append(str(content).rstrip())
+    return out
+
+
+async def turn(store: SessionStore, sid: str, text: str, pad: int = 0) -> list[str]:
+    async with store.turn(sid) as session:
+        before = texts(session.messages)
+        session.replace([*session.messages, *pair(text, pad)])
+    return before
+
+
+SCRIPTS = {script.sha: script.name for script in lua.ALL}
+
+
+class CommandCounter:
+    """Counts the commands clients send to a private server, read from ``MONITOR``.
+
+    Commands run inside Lua scripts (client type ``lua``) are not requests and are not
+    counted. A marker ``ECHO`` brackets each measurement, so nothing depends on timing.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.client = Redis(host="127.0.0.1", port=port)
+        self.watcher = Redis(host="127.0.0.1", port=port)
+        self.monitor = self.watcher.monitor()
+
+    async def start(self) -> None:
+        await self.monitor.__aenter__()
+
+    async def _until_marker(self) -> list[str]:
+        marker = f"marker-{uuid.uuid4().hex}"
+        await self.client.echo(marker)
+        seen: list[str] = []
+        while True:
+            info = await self.monitor.next_command()
+            if marker in info["command"]:
+                return seen
+            if info["client_type"] != "lua":
+                words = [w.strip('"') for w in info["command"].split()[:2]]
+                name = words[0].upper()
+                if name == "EVALSHA":
+                    name += ":" + SCRIPTS.get(words[1], words[1])
+                seen.append(name)
+
+    async def reset(self) -> None:
+        await self._until_marker()
+
+    async def count(self) -> list[str]:
+        return await self._until_marker()
+
+    async def aclose(self) -> None:
+        await self.monitor.__aexit__(None, None, None)
+        await self.watcher.aclose()
+        await self.client.aclose()
+
+
+async def test_open_sessions_is_native_on_redis_only(redis_url: str) -> None:
+    """The session_store hook returns the native store for Redis URLs, the generic one elsewhere."""
+    store = open_sessions(redis_url)
+    try:
+        assert isinstance(store, RedisSessionStore)
+    finally:
+        await store.aclose()
+    other = open_sessions("memory://")
+    try:
+        assert type(other) is SessionStore
+    finally:
+        await other.aclose()
+
+
+async def test_warm_turn_is_two_commands(private_server: PrivateServer) -> None:
+    """A turn on a session this store served before: one command to acquire+load, one to save+release.
+
+    The generic store on the same server needs three for the same turn.
+    """
+    server = private_server()
+    url = f"redis://127.0.0.1:{server.port}/0?prefix=rt"
+    counter = CommandCounter(server.port)
+    await counter.start()
+    native = open_sessions(url)
+    generic = SessionStore(native.kv)  # same KV client, generic storage layer
+    try:
+        assert isinstance(native, RedisSessionStore)
+        await turn(native, "n", "first")
+        await turn(generic, "g", "first")
+        for store, sid, expected in ((native, "n", 2), (generic, "g", 3)):
+            await counter.reset()
+            before = await turn(store, sid, "second")
+            assert before == ["q:first", "a:first"]
+            calls = await counter.count()
+            assert len(calls) == expected, (store, calls)
+            assert all(c.startswith("EVALSHA") for c in calls), calls
+        assert native.storage.fast_acquires == 1  # type: ignore[attr-defined]
+    finally:
+        await native.aclose()
+        await counter.aclose()
+
+
+async def test_spilling_turns_stay_two_commands(private_server: PrivateServer) -> None:
+    """Turns that spill the inline tail into new chunks still take two commands: chunks ride with the state."""
+    server = private_server()
+    counter = CommandCounter(server.port)
+    await counter.start()
+    store = open_sessions(f"redis://127.0.0.1:{server.port}/0?prefix=spill")
+    try:
+        await store.kv.setup()  # scripts loaded up front: no first-use EVAL below
+        await turn(store, "s", "t0", pad=3000)
+        for i in range(1, 12):
+            await counter.reset()
+            before = await turn(store, "s", f"t{i}", pad=3000)
+            assert len(before) == 2 * i
+            await store.storage.drain()
+            calls = await counter.count()
+            # Chunk merges delete what they replaced in the background (off the turn's path),
+            # opening pooled connections for it (HELLO, CLIENT SETINFO) the first time.
+            in_turn = [c for c in calls if c.startswith("EVAL") and c != "EVALSHA:delete"]
+            assert in_turn == ["EVALSHA:commit", "EVALSHA:commit"], calls
+        info = await store.inspect("s")
+        assert info is not None and info.chunk_count >= 1 and info.message_count == 24
+        history = await store.read_messages("s")
+        assert history is not None
+        assert texts(history)[::2] == [f"q:t{i}" for i in range(12)]
+    finally:
+        await store.aclose()
+        await counter.aclose()
+
+
+async def test_other_client_in_between_falls_back(redis_url: str) -> None:
+    """When another client took a turn since our release, the fast path steps aside; nothing is lost."""
+    a = open_sessions(redis_url)
+    b = open_sessions(redis_url)
+    try:
+        assert await turn(a, "x", "a1") == []
+        assert await turn(b, "x", "b1") == ["q:a1", "a:a1"]
+        assert await turn(a, "x", "a2") == ["q:a1", "a:a1", "q:b1", "a:b1"]
+        assert a.storage.fallback_acquires == 2  # type: ignore[attr-defined]
+        assert await turn(a, "x", "a3") == ["q:a1", "a:a1", "q:b1", "a:b1", "q:a2", "a:a2"]
+        assert a.storage.fast_acquires == 1  # type: ignore[attr-defined]
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_waiting_client_disables_fast_path(redis_url: str) -> None:
+    """A waiting hint left by another client makes the next acquire take the generic (courteous) path."""
+    a = open_sessions(redis_url)
+    b = open_sessions(redis_url)
+    try:
+        await turn(a, "w", "a1")
+        await b.storage.note_waiting("w")
+        assert await turn(a, "w", "a2") == ["q:a1", "a:a1"]
+        assert a.storage.fast_acquires == 0  # type: ignore[attr-defined]
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_lost_lease_writes_no_chunks(redis_url: str) -> None:
+    """A stale owner's spilling save raises SESSION_LEASE_LOST and writes neither state nor chunks."""
+    owner = open_sessions(redis_url)
+    thief = open_sessions(redis_url)
+    offset_clock(thief.kv, 31)  # the thief sees the owner's 30 s lease as expired
+    try:
+        await turn(owner, "l", "warm")
+        taken = asyncio.Event()
+
+        async def steal() -> None:
+            async with thief.turn("l", timeout_seconds=5) as session:
+                session.replace(pair("thief"))
+            taken.set()
+
+        with pytest.raises(LeaseLostError):  # noqa: PT012 (the error leaves the block itself)
+            async with owner.turn("l") as session:
+                big = [m for i in range(20) for m in pair(f"stale{i}", pad=4000)]
+                session.replace([*session.messages, *big])
+                await asyncio.gather(steal(), asyncio.wait_for(taken.wait(), 30))
+        await owner.storage.drain()
+        scope = owner.storage.scope_for("l")
+        chunks = [i.key async for i in owner.kv.iter_scan(scope, prefix=CHUNK_PREFIX)]
+        assert chunks == []
+        assert texts(await thief.read_messages("l") or []) == ["q:thief", "a:thief"]
+    finally:
+        await owner.aclose()
+        await thief.aclose()
+
+
+async def test_native_store_from_ready_client(standalone_url: str) -> None:
+    """connect(ready_client).sessions() is native too, and leaves the client open."""
+    from agent_stores import StoreURL
+
+    parsed = StoreURL.parse(standalone_url)
+    client = Redis(host=parsed.host or "", port=parsed.port or 6379)
+    try:
+        conn = connect(client, prefix=parsed.query_get("prefix") or "p")
+        store = conn.sessions()
+        assert isinstance(store, RedisSessionStore)
+        await turn(store, "c", "one")
+        assert await turn(store, "c", "two") == ["q:one", "a:one"]
+        await store.aclose()
+        await conn.aclose()
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
