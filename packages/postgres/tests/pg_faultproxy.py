@@ -28,9 +28,12 @@ class FaultProxy:
         self.target = (target_host, target_port)
         self.port = 0
         self.fired = 0
+        #: round trips: client sends that follow a server answer (or open the connection)
+        self.requests = 0
         self._armed: Fault | None = None
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -42,6 +45,9 @@ class FaultProxy:
             self._server.close()
         for writer in list(self._writers):
             writer.close()
+        if self._handlers:
+            # Closed sockets end every handler; wait so none is left for the loop to cancel.
+            await asyncio.wait(list(self._handlers), timeout=5)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -56,6 +62,10 @@ class FaultProxy:
         return self._armed is not None
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
         try:
             server_r, server_w = await asyncio.open_connection(*self.target)
         except OSError:
@@ -63,13 +73,18 @@ class FaultProxy:
             return
         self._writers |= {client_w, server_w}
         swallow = asyncio.Event()
+        answered = True  # the next client bytes start a new round trip
 
         def cut() -> None:
             client_w.close()
             server_w.close()
 
         async def upstream() -> None:
+            nonlocal answered
             while data := await client_r.read(65536):
+                if answered:
+                    self.requests += 1
+                    answered = False
                 fault, self._armed = self._armed, None
                 if fault == "drop_request":
                     self.fired += 1
@@ -83,7 +98,9 @@ class FaultProxy:
             server_w.close()
 
         async def downstream() -> None:
+            nonlocal answered
             while data := await server_r.read(65536):
+                answered = True
                 if swallow.is_set():
                     cut()
                     return

@@ -36,12 +36,25 @@ def backends_of(admin: psycopg.Connection[Any], application: str) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+def wait_for(
+    predicate: Callable[[], bool],
+    what: str,
+    details: Callable[[], object] = lambda: "",
+    timeout: float = 15.0,
+) -> None:
     """Poll until the server reaches a state (backends exit asynchronously)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {details()}"
         time.sleep(0.02)
+
+
+def activity(admin: psycopg.Connection[Any], application: str) -> list[tuple[Any, ...]]:
+    """What the server says the application's backends are doing (for failure messages)."""
+    return admin.execute(
+        "SELECT pid, state, backend_start, query FROM pg_stat_activity WHERE application_name = %s",
+        (application,),
+    ).fetchall()
 
 
 def terminate(admin: psycopg.Connection[Any], application: str) -> set[int]:
@@ -321,7 +334,11 @@ def test_store_used_from_two_asyncio_runs(schema_url: str, admin: psycopg.Connec
         assert len(backends_of(admin, application)) <= 3
 
     asyncio.run(use(b"a"))
-    wait_for(lambda: not backends_of(admin, application), "first loop's connections to close")
+    wait_for(
+        lambda: not backends_of(admin, application),
+        "first loop's connections to close",
+        lambda: activity(admin, application),
+    )
     asyncio.run(use(b"b"))
     wait_for(lambda: not backends_of(admin, application), "second loop's connections to close")
 

@@ -400,6 +400,23 @@ class PostgresKV(KVStore):
         self._purge_tasks.clear()
         await self._pools.aclose()
 
+    async def run_native_write(
+        self, action: str, fn: Callable[[AsyncConnection[Any]], Awaitable[T]]
+    ) -> T:
+        """Run a native multi-row statement (the session fast path) on a ready connection.
+
+        Same error handling as the primitives; it is sent once, and a connection that
+        breaks while it is in flight raises :class:`BackendUnavailableError` (outcome
+        unknown) for the caller to resolve by reading.
+        """
+        self._check_open()
+        try:
+            result = await self._attempt(action, fn)
+        except _ConnectionLost as lost:
+            raise self._outcome_unknown(action, lost) from lost.cause
+        self._after_write()
+        return result
+
     # -- administration -------------------------------------------------------------------
 
     async def setup(self) -> None:

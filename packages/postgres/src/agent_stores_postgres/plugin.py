@@ -40,5 +40,10 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
 
 @hookimpl
 def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The native session store for a PostgreSQL KV, or None (generic store) otherwise."""
-    return None
+    """The native session store (two round trips per turn) for a PostgreSQL KV, else None."""
+    kv_module = sys.modules.get("agent_stores_postgres.kv")
+    if kv_module is None or not isinstance(kv, kv_module.PostgresKV):
+        return None
+    from .sessions import PostgresSessionStore
+
+    return PostgresSessionStore(kv, **options)
