@@ -153,7 +153,10 @@ class _Turn:
                 self.check_usable()
                 return await operation()
 
-        return await asyncio.shield(asyncio.ensure_future(run()))
+        future = asyncio.ensure_future(run())
+        # If the caller was cancelled, the outcome is still consumed (no "never retrieved").
+        future.add_done_callback(_consume)
+        return await asyncio.shield(future)
 
     # -- enter ----------------------------------------------------------------------------
 
@@ -277,7 +280,9 @@ class _Turn:
             async with self._lock:
                 await operation()
 
-        await asyncio.shield(asyncio.ensure_future(run()))
+        future = asyncio.ensure_future(run())
+        future.add_done_callback(_consume)
+        await asyncio.shield(future)
 
     async def _release_quietly(self) -> None:
         assert self.handle is not None
@@ -650,6 +655,11 @@ class SessionStore:
         self._closed = True
         if self.owns_kv:
             await self.kv.aclose()
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _positive(name: str, value: float) -> None:
