@@ -40,6 +40,7 @@ def test_check_uses_default_url(
     assert (tmp_path / "default.db").exists()
 
 
+@pytest.mark.usefixtures("fresh_registry")
 def test_check_hides_password_and_fails_cleanly(
     runner: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
