@@ -124,6 +124,12 @@ class CheckpointerContract(ContractBase):
         finally:
             for checkpointer in opened:
                 await checkpointer.aclose()
+            # Leave nothing behind on a shared server: erase every run of this namespace.
+            async with Checkpointer(kv_factory(), owns_kv=True, namespace=ns) as cleaner:
+                while page := await cleaner.list_runs(limit=100):
+                    for info in page:
+                        await cleaner.delete_run(info.run_id)
+                await cleaner.kv.drop_scope(cleaner.space.runs_scope)
 
     @pytest_asyncio.fixture
     async def checkpointer(self, checkpointer_factory: CheckpointerFactory) -> Checkpointer:
@@ -667,6 +673,8 @@ class CheckpointerContract(ContractBase):
             await steps.register_run(RunRecord(run_id="real", conversation_id="other"))
         assert [r.run_id for r in await steps.list_runs(conversation_id="c")] == ["real"]
         assert await steps.list_runs(conversation_id="other") == []
+        for conversation in ("c", "other"):  # the dangling entries this test made
+            await kv.drop_scope(steps.space.conversation_scope(conversation))
 
     async def test_events_ordered_and_idempotent(self, steps: KVStepStore) -> None:
         """list_events returns events in append order with every field; a repeated idempotency_key is
