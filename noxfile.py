@@ -199,3 +199,19 @@ def docs(session: nox.Session) -> None:
     session.run(
         "mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site")
     )
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmarks beside the anchors' figures (DESIGN.md §6); ``-- --quick`` for a short run."""
+    _install(session)
+    args = list(session.posargs)
+    with contextlib.ExitStack() as stack:
+        for name in ("redis", "postgres"):
+            available, urls = BACKENDS[name]
+            if available():
+                found = stack.enter_context(urls())
+                args += [f"--{name}", found[name]]
+            else:
+                session.warn(f"no {name} server here: skipping its rows")
+        session.run("python", "benchmarks/run.py", *args)

@@ -1,0 +1,1 @@
+"""Benchmarks (``nox -s bench``); not part of any distribution."""
