@@ -21,7 +21,7 @@ from agent_stores import (
 from agent_stores.kv import Check, Create, Replace
 from agent_stores_postgres.kv import PostgresKV
 from conftest import libpq_conninfo, servers, with_options
-from pg_faultproxy import FaultProxy
+from pg_faultproxy import Fault, FaultProxy
 from psycopg_pool import AsyncConnectionPool
 
 
@@ -255,8 +255,9 @@ async def test_commit_under_lost_messages_applies_once(
 ) -> None:
     """A commit whose request or first answer is lost is rolled back by the server and re-sent: applied exactly once."""
     va = await proxied.create("s", "a", b"0")
-    for fault in ("drop_request", "drop_response"):
-        proxy.arm(fault)  # type: ignore[arg-type]
+    faults: tuple[Fault, ...] = ("drop_request", "drop_response")
+    for fault in faults:
+        proxy.arm(fault)
         results = await proxied.commit(
             "s", [Replace("a", b"1", va), Create(f"new-{fault}", b"x"), Check("absent", None)]
         )

@@ -218,6 +218,7 @@ async def test_migrations_forward_from_every_version(
                 ).format(TableNames(schema_name).kv)
             )
     async with open_kv(schema_url) as kv:
+        assert isinstance(kv, PostgresKV)
         await kv.setup()
         assert await kv.schema_version() == SCHEMA_VERSION
         if start:
