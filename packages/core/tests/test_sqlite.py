@@ -100,3 +100,20 @@ async def test_wal_mode_is_on(tmp_path: Path) -> None:
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
     await kv.aclose()
+
+
+async def test_many_clients_opening_a_new_file_at_once(tmp_path: Path) -> None:
+    """Clients racing to create a new database (WAL switch, schema) all succeed.
+
+    SQLite answers the WAL switch with SQLITE_BUSY at once, without its busy handler,
+    while another connection holds the file; the store must retry instead of failing.
+    """
+    for attempt in range(25):
+        url = f"sqlite:///{tmp_path}/race-{attempt}.db"
+        stores = [open_kv(url) for _ in range(6)]
+        try:
+            await asyncio.gather(*(stores[j % 6].create("s", f"k{j}", b"v") for j in range(24)))
+            assert len(await stores[0].scan("s")) == 24
+        finally:
+            for store in stores:
+                await store.aclose()

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import random
 import sqlite3
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -136,8 +138,8 @@ class SQLiteKV(KVStore):
                 check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
+            mode = self._enable_wal(conn)
+            if mode != "wal":
                 raise BackendUnavailableError(
                     detail=f"{self.describe()}: could not enable WAL (got {mode})"
                 )
@@ -154,6 +156,23 @@ class SQLiteKV(KVStore):
                 raise
             self._conn = conn
         return self._conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> str:
+        """Switch to WAL, retrying: the switch needs an exclusive lock and SQLite reports
+        SQLITE_BUSY for it at once, without calling the busy handler, when another
+        connection is opening the same new file at the same moment."""
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        delay = 0.005
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.1)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._executor is None:
