@@ -108,7 +108,7 @@ async def test_many_clients_opening_a_new_file_at_once(tmp_path: Path) -> None:
     SQLite answers the WAL switch with SQLITE_BUSY at once, without its busy handler,
     while another connection holds the file; the store must retry instead of failing.
     """
-    for attempt in range(25):
+    for attempt in range(60):
         url = f"sqlite:///{tmp_path}/race-{attempt}.db"
         stores = [open_kv(url) for _ in range(6)]
         try:
