@@ -85,13 +85,15 @@ def _read_reply(reader: BinaryIO) -> object:
 
 def command(port: int, *args: str, timeout: float = 2.0, password: str | None = None) -> object:
     """Send one command to ``127.0.0.1:port`` (after ``AUTH`` if a password is given)."""
-    with socket.create_connection((HOST, port), timeout=timeout) as sock:
-        with sock.makefile("rb") as reader:
-            if password is not None:
-                sock.sendall(_encode("AUTH", password))
-                _read_reply(reader)
-            sock.sendall(_encode(*args))
-            return _read_reply(reader)
+    with (
+        socket.create_connection((HOST, port), timeout=timeout) as sock,
+        sock.makefile("rb") as reader,
+    ):
+        if password is not None:
+            sock.sendall(_encode("AUTH", password))
+            _read_reply(reader)
+        sock.sendall(_encode(*args))
+        return _read_reply(reader)
 
 
 def _ping(port: int, password: str | None = None) -> bool:
@@ -195,6 +197,9 @@ class RedisServer:
         deadline = time.monotonic() + START_TIMEOUT
         while not _ping(self.port, self.password):
             if time.monotonic() > deadline:
+                # Never leave a daemon behind that nobody will stop.
+                with contextlib.suppress(ServerError):
+                    self.kill()
                 raise ServerError(
                     f"redis-server on port {self.port} did not answer; see {self.logfile}"
                 )

@@ -106,8 +106,8 @@ def private_server() -> Iterator[PrivateServer]:
         server = servers.RedisServer(
             port, folder / str(port), extra_args=list(extra_args), password=password
         )
+        started.append(server)  # before start(): a half-started daemon is stopped too
         server.start()
-        started.append(server)
         return server
 
     try:

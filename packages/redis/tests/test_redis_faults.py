@@ -102,17 +102,21 @@ async def test_restart_same_store_keeps_working(
         await kv.aclose()
 
 
-async def test_concurrent_load_survives_restart(private_server: PrivateServer) -> None:
+@pytest.mark.parametrize("retries", [0, 3])
+async def test_concurrent_load_survives_restart(
+    private_server: PrivateServer, retries: int
+) -> None:
     """Tasks doing CAS increments while Redis crashes and restarts: no acknowledged write lost or doubled.
 
     With ``appendfsync always`` every acknowledged increment survives the crash. A write
     whose reply was lost and that redis-py retried is recognised by its fresh version, so
     it is reported once as a success, never applied twice. Only writes that ended in
     BackendUnavailableError have an unknown outcome, so the final value lies between the
-    acknowledged count and that count plus the unknown ones.
+    acknowledged count and that count plus the unknown ones. With ``retries=0`` every
+    operation the crash hits surfaces; with retries most of them are absorbed.
     """
     server = private_server("--appendonly", "yes", "--appendfsync", "always", password=SECRET)
-    url = f"redis://:{SECRET}@127.0.0.1:{server.port}/0?prefix=load&socket_timeout=2"
+    url = f"redis://:{SECRET}@127.0.0.1:{server.port}/0?prefix=load&socket_timeout=2&retries={retries}"
     kv = open_kv(url)
     try:
         await kv.create("s", "counter", b"0")
@@ -156,7 +160,10 @@ async def test_concurrent_load_survives_restart(private_server: PrivateServer) -
         await asyncio.gather(*tasks)
         final = await kv.get("s", "counter")
         assert final is not None
-        assert outages > 0, "the crash never hit an operation: the test proved nothing"
+        if retries == 0:
+            assert outages + unknown > 0, (
+                "the crash never hit an operation: the test proved nothing"
+            )
         assert wins > wins_at_restart, "no progress after the restart"
         assert wins <= int(final.value) <= wins + unknown
     finally:
