@@ -9,43 +9,21 @@ server start their own with :func:`private_server`.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-SERVERS_SCRIPT = REPO_ROOT / "scripts" / "servers" / "redis.py"
-STANDALONE_ENV = "AGENT_STORES_TEST_REDIS_URL"
-CLUSTER_ENV = "AGENT_STORES_TEST_REDIS_CLUSTER_URL"
-
-
-def load_servers_module() -> ModuleType:
-    """``scripts/servers/redis.py`` loaded by path (its file name must not shadow redis-py)."""
-    spec = importlib.util.spec_from_file_location("agent_stores_servers_redis", SERVERS_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-servers = load_servers_module()
-
-
-def with_fresh_prefix(url: str) -> str:
-    """``url`` with a new unique ``prefix``, so a test never sees another test's data."""
-    from agent_stores import StoreURL
-
-    parsed = StoreURL.parse(url)
-    base = parsed.query_get("prefix") or "agent-stores-test"
-    return parsed.with_query(prefix=f"{base}-{uuid.uuid4().hex[:8]}").render_with_secrets()
+from redis_test_support import (
+    CLUSTER_ENV,
+    STANDALONE_ENV,
+    PrivateServer,
+    servers,
+    with_fresh_prefix,
+)
 
 
 @pytest.fixture(scope="session")
@@ -84,9 +62,6 @@ def standalone_url(redis_urls: dict[str, str]) -> str:
 def cluster_url(redis_urls: dict[str, str]) -> str:
     """The cluster (fresh prefix)."""
     return with_fresh_prefix(redis_urls["redis-cluster"])
-
-
-PrivateServer = Callable[..., Any]
 
 
 @pytest.fixture

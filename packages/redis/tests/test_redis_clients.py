@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from agent_stores import BackendUnavailableError, ConfigError, StoreURL, connect, open_kv
 from agent_stores_redis import RedisKV
-from conftest import PrivateServer
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis_test_support import PrivateServer
 
 
 def _client_kwargs(url: str) -> tuple[str, int, str]:
@@ -189,7 +189,7 @@ async def test_tls(private_server: PrivateServer, certificates: Path) -> None:
     without the CA the server is not trusted, without the client certificate the server
     refuses: both are BackendUnavailableError. ssl_cert_reqs=none skips verification.
     """
-    from conftest import servers
+    from redis_test_support import servers
 
     tls_port = servers.free_port()
     c = certificates

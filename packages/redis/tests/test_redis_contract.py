@@ -11,7 +11,7 @@ import importlib
 
 import pytest
 from agent_stores_contract import KVContract
-from conftest import with_fresh_prefix
+from redis_test_support import with_fresh_prefix
 
 
 class RedisURLs:

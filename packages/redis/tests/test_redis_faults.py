@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from agent_stores import BackendUnavailableError, ConflictError, ErrorCode, KVStore, open_kv
 from agent_stores_redis import lua
-from conftest import PrivateServer
+from redis_test_support import PrivateServer
 
 SECRET = "pw-9f2c-never-print-me"
 

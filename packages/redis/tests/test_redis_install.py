@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from redis_test_support import REPO_ROOT
 
 UV = shutil.which("uv")
 

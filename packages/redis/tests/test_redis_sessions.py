@@ -17,9 +17,9 @@ from agent_stores.sessions.records import CHUNK_PREFIX
 from agent_stores_contract.kv import offset_clock
 from agent_stores_redis import lua
 from agent_stores_redis.sessions import RedisSessionStore
-from conftest import PrivateServer
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from redis.asyncio import Redis
+from redis_test_support import PrivateServer
 
 
 def pair(text: str, pad: int = 0) -> list[ModelMessage]:
