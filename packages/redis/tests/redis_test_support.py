@@ -10,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from agent_stores import StoreURL
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVERS_SCRIPT = REPO_ROOT / "scripts" / "servers" / "redis.py"
 STANDALONE_ENV = "AGENT_STORES_TEST_REDIS_URL"
@@ -30,8 +32,6 @@ servers = load_servers_module()
 
 def with_fresh_prefix(url: str) -> str:
     """``url`` with a new unique ``prefix``, so a test never sees another test's data."""
-    from agent_stores import StoreURL
-
     parsed = StoreURL.parse(url)
     base = parsed.query_get("prefix") or "agent-stores-test"
     return parsed.with_query(prefix=f"{base}-{uuid.uuid4().hex[:8]}").render_with_secrets()

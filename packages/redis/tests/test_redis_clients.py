@@ -72,6 +72,7 @@ async def test_ready_cluster_client(cluster_url: str) -> None:
     try:
         kv = open_kv(client, prefix=prefix)
         assert isinstance(kv, RedisKV) and kv.cluster
+        assert kv.describe() == f"redis+cluster://{host}:{port} (ready client)"
         scopes = [f"scope-{i}" for i in range(20)]  # spread over the three masters
         for scope in scopes:
             await kv.create(scope, "k", scope.encode())

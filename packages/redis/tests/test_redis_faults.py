@@ -247,13 +247,29 @@ async def test_health_warnings_on_eviction_policy(private_server: PrivateServer)
             assert len(warnings) == 1 and policy in warnings[0] and fragment in warnings[0]
 
 
-async def test_health_warnings_cluster_clean(cluster_url: str) -> None:
-    """The test cluster runs with noeviction on every primary: no warning."""
+async def test_health_warnings_cluster(cluster_url: str) -> None:
+    """On a cluster every primary is asked: noeviction everywhere is clean; one allkeys-* primary is named."""
+    from redis.asyncio.cluster import RedisCluster
+    from redis_test_support import StoreURL
+
     kv = open_kv(cluster_url)
+    parsed = StoreURL.parse(cluster_url)
+    admin = RedisCluster(host=parsed.host or "", port=parsed.port or 0)
     try:
         assert await kv.health_warnings() == []  # type: ignore[attr-defined]
+        primaries = admin.get_primaries() or (await admin.initialize()).get_primaries()
+        assert len(primaries) == 3
+        node = primaries[1]
+        await admin.config_set("maxmemory-policy", "allkeys-lru", target_nodes=node)
+        try:
+            warnings = await kv.health_warnings()  # type: ignore[attr-defined]
+        finally:
+            await admin.config_set("maxmemory-policy", "noeviction", target_nodes=node)
+        assert len(warnings) == 1
+        assert "allkeys-lru" in warnings[0] and f"{node.host}:{node.port}" in warnings[0]
     finally:
         await kv.aclose()
+        await admin.aclose()
 
 
 def test_check_command_prints_eviction_warning(private_server: PrivateServer) -> None:

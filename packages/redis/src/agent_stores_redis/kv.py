@@ -229,8 +229,9 @@ class RedisKV(KVStore):
     def _describe_client(client: Any) -> str:
         """``redis://host:port/db (ready client)`` — built from connection settings, never a password."""
         if _is_cluster(client):
-            nodes = getattr(client, "startup_nodes", None) or {}
-            first = next(iter(nodes), "?")
+            manager = getattr(client, "nodes_manager", None)
+            nodes: Mapping[str, Any] = getattr(manager, "startup_nodes", None) or {}
+            first = next(iter(nodes), "?")  # keys are "host:port"
             return f"redis+cluster://{first} (ready client)"
         pool = getattr(client, "connection_pool", None)
         kw: Mapping[str, Any] = getattr(pool, "connection_kwargs", {}) or {}
@@ -381,6 +382,7 @@ class RedisKV(KVStore):
         policies: dict[str, str] = {}
         try:
             if self.cluster:
+                await self._ready()  # the primaries are known only after discovery
                 for node in self._client.get_primaries():
                     reply = await self._command(
                         "CONFIG GET", "maxmemory-policy", raw=False, target_nodes=node
@@ -391,6 +393,8 @@ class RedisKV(KVStore):
                 policies["server"] = _config_value(reply)
         except BackendUnavailableError as exc:
             return [f"could not read maxmemory-policy ({exc.detail}); make sure it is noeviction"]
+        if not policies:
+            return ["found no primary to read maxmemory-policy from; make sure it is noeviction"]
         warnings: list[str] = []
         for where, policy in sorted(policies.items()):
             label = "" if where == "server" else f" on {where}"
