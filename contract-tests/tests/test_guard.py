@@ -16,7 +16,9 @@ from agent_stores_contract import KVContract
 
 def _run(pytester: pytest.Pytester, body: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(test_backend=HEADER + body)
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--store-url", "memory://", *args)
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--store-url", "memory://", *args
+    )
 
 
 def test_plain_subclass_runs_every_standard_test(pytester: pytest.Pytester) -> None:
@@ -99,4 +101,6 @@ def test_every_contract_test_states_its_guarantee() -> None:
         assert tests, cls
         for name, func in tests.items():
             doc = inspect.getdoc(func)
-            assert doc and len(doc) > 20, f"{cls.__name__}.{name} has no docstring stating its guarantee"
+            assert doc and len(doc) > 20, (
+                f"{cls.__name__}.{name} has no docstring stating its guarantee"
+            )

@@ -15,11 +15,19 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins.md"
 def _hookspecs() -> dict[str, object]:
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
-    return {name: getattr(hookspecs, name) for name in vars(manager.hook) if not name.startswith("_")}
+    return {
+        name: getattr(hookspecs, name) for name in vars(manager.hook) if not name.startswith("_")
+    }
 
 
 def test_expected_hooks_exist() -> None:
-    assert set(_hookspecs()) == {"register_backends", "kv_from_client", "session_store", "memory_store", "checkpointer"}
+    assert set(_hookspecs()) == {
+        "register_backends",
+        "kv_from_client",
+        "session_store",
+        "memory_store",
+        "checkpointer",
+    }
 
 
 def test_store_hooks_are_firstresult() -> None:
@@ -33,8 +41,12 @@ def test_every_hook_has_docstring_and_annotations() -> None:
         assert inspect.getdoc(func), f"hook {name} has no docstring"
         signature = inspect.signature(func)  # type: ignore[arg-type]
         for param in signature.parameters.values():
-            assert param.annotation is not inspect.Parameter.empty, f"{name}({param.name}) is untyped"
-        assert signature.return_annotation is not inspect.Signature.empty, f"{name} has no return type"
+            assert param.annotation is not inspect.Parameter.empty, (
+                f"{name}({param.name}) is untyped"
+            )
+        assert signature.return_annotation is not inspect.Signature.empty, (
+            f"{name} has no return type"
+        )
 
 
 def test_every_hook_is_documented_in_plugins_page() -> None:

@@ -88,7 +88,9 @@ def test_strict_mode_makes_failure_fatal(plugin_path: Path) -> None:
 
 def test_disable_plugins_by_name(plugin_path: Path) -> None:
     result = _run_cli(
-        ["backends", "--json"], plugin_path, AGENT_STORES_DISABLE_PLUGINS="broken-backend,good-backend"
+        ["backends", "--json"],
+        plugin_path,
+        AGENT_STORES_DISABLE_PLUGINS="broken-backend,good-backend",
     )
     report = json.loads(result.stdout)
     assert report["failures"] == []
@@ -108,7 +110,9 @@ def test_in_process_registration_and_strict_flag() -> None:
             register("extra", "agent_stores.backends.memory:MemoryKV.from_url")  # type: ignore[operator]
 
     with pytest.warns(RuntimeWarning, match="bad register"):
-        registry = load_registry(strict=False, disabled=set(), extra_plugins=[("broken", Broken()), ("good", Good())])
+        registry = load_registry(
+            strict=False, disabled=set(), extra_plugins=[("broken", Broken()), ("good", Good())]
+        )
     assert "extra" in registry.backends and "sqlite" in registry.backends
     assert [f.plugin for f in registry.failures] == ["broken"]
     with pytest.raises(PluginLoadError, match="bad register"):
@@ -127,5 +131,7 @@ def test_registering_does_not_import_backends() -> None:
         "import sys; from agent_stores.plugins import load_registry; load_registry(); "
         "print('agent_stores.backends.sqlite' in sys.modules, 'redis' in sys.modules, 'psycopg' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     assert out.stdout.split() == ["False", "False", "False"]

@@ -64,7 +64,15 @@ def test_password_with_special_characters_round_trips() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "not a url", "redis:/missing-slash", "://nohost", "1redis://x", "redis://u:s3cret@host:99999/0", "redis://h/#frag"],
+    [
+        "",
+        "not a url",
+        "redis:/missing-slash",
+        "://nohost",
+        "1redis://x",
+        "redis://u:s3cret@host:99999/0",
+        "redis://h/#frag",
+    ],
 )
 def test_malformed_urls_raise_typed_error(text: str) -> None:
     with pytest.raises(MalformedURLError) as info:
@@ -81,7 +89,9 @@ def test_malformed_url_error_hides_password() -> None:
 
 
 def test_redact_helper() -> None:
-    assert redact("redis://u:s3cret@h/0?token=abc&prefix=p") == "redis://u:***@h/0?token=***&prefix=p"
+    assert (
+        redact("redis://u:s3cret@h/0?token=abc&prefix=p") == "redis://u:***@h/0?token=***&prefix=p"
+    )
 
 
 def test_sqlite_paths() -> None:
@@ -90,7 +100,9 @@ def test_sqlite_paths() -> None:
 
 
 @pytest.mark.usefixtures("fresh_registry")
-def test_secret_not_logged(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secret_not_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AGENT_STORES_DISABLE_PLUGINS", "redis")
     caplog.set_level(logging.DEBUG)
     with pytest.raises(BackendNotInstalledError) as info:

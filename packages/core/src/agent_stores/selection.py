@@ -26,6 +26,7 @@ KNOWN_DISTRIBUTIONS: dict[str, str] = {
     "rediss": "agent-stores-redis",
     "redis+cluster": "agent-stores-redis",
     "rediss+cluster": "agent-stores-redis",
+    "unix": "agent-stores-redis",
     "postgresql": "agent-stores-postgres",
     "postgres": "agent-stores-postgres",
     "dynamodb": "agent-stores-dynamodb",
