@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from agent_stores_contract import KVContract
-from conftest import drop_schema, with_options
+from pg_test_support import drop_schema, with_options
 
 
 @pytest.fixture(scope="session")

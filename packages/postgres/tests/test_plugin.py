@@ -14,7 +14,7 @@ import pytest
 from agent_stores import ConfigError, open_kv
 from agent_stores.cli.backends import backends_report
 from agent_stores_postgres.kv import PostgresKV
-from conftest import REPO_ROOT
+from pg_test_support import REPO_ROOT
 
 CHECK_LAZY = textwrap.dedent(
     """

@@ -14,7 +14,7 @@ from agent_stores.kv import Check, Create
 from agent_stores_postgres.config import DEFAULT_MAX_VALUE_BYTES
 from agent_stores_postgres.kv import PostgresKV
 from agent_stores_postgres.schema import TableNames
-from conftest import libpq_conninfo, with_options
+from pg_test_support import libpq_conninfo, with_options
 
 
 def count_rows(admin: psycopg.Connection[Any], schema: str) -> int:

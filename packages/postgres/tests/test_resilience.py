@@ -20,8 +20,8 @@ from agent_stores import (
 )
 from agent_stores.kv import Check, Create, Replace
 from agent_stores_postgres.kv import PostgresKV
-from conftest import libpq_conninfo, servers, with_options
 from pg_faultproxy import Fault, FaultProxy
+from pg_test_support import libpq_conninfo, servers, with_options
 from psycopg_pool import AsyncConnectionPool
 
 

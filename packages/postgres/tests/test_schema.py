@@ -15,7 +15,7 @@ from agent_stores import ConfigError, open_kv
 from agent_stores_postgres import MIGRATIONS, SCHEMA_VERSION, Migration, SchemaVersionError
 from agent_stores_postgres.kv import PostgresKV
 from agent_stores_postgres.schema import TableNames, read_version, setup_schema
-from conftest import libpq_conninfo, with_options
+from pg_test_support import libpq_conninfo, with_options
 
 AGENT_STORES_CLI = str(Path(sys.executable).parent / "agent-stores")
 
