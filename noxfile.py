@@ -52,9 +52,14 @@ def _server_module(name: str) -> ModuleType | None:
     path = ROOT / "scripts" / "servers" / f"{name}.py"
     if not path.exists():
         return None
-    spec = importlib.util.spec_from_file_location(f"agent_stores_servers_{name}", path)
+    module_name = f"agent_stores_servers_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: dataclasses look their module up in sys.modules.
+    sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
 
