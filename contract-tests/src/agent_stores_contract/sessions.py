@@ -200,6 +200,34 @@ class SessionContract(ContractBase):
         async with sessions.turn(sid) as session:
             assert texts(session.messages) == ["q:one", "a:one", "q:two", "a:two"]
 
+    async def test_later_edits_of_saved_messages_do_not_leak(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """The next turn reads what was stored, not the caller's objects: Pydantic AI edits
+        messages in place after they were saved, and the same process must then see what any
+        other client reads (also once history spills into chunks)."""
+        store = await sessions_factory()
+        sid = f"{ns}:edits"
+        messages: list[ModelMessage] = []
+        for i in range(150):
+            messages += pair(f"m{i}", 300)
+        async with store.turn(sid) as session:
+            session.replace(messages)
+        first = messages[0].parts[0]
+        assert isinstance(first, UserPromptPart)
+        first.content = "edited after the save"
+        last = messages[-1].parts[0]
+        assert isinstance(last, TextPart)
+        last.content = "edited after the save"
+        async with store.turn(sid) as session:
+            same_process = session.messages
+        other = await sessions_factory()
+        async with other.turn(sid) as session:
+            other_process = session.messages
+        assert texts(same_process) == texts(other_process)
+        assert texts(same_process)[0] == "q:m0"
+        assert texts(same_process)[-1] == "a:m149"
+
     async def test_messages_round_trip_losslessly(self, sessions: SessionStore, ns: str) -> None:
         """Every kind of message part (tool calls, returns, thinking, binary) round trips as through ModelMessagesTypeAdapter."""
         messages: list[ModelMessage] = [

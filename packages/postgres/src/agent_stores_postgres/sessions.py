@@ -39,7 +39,6 @@ import psycopg.errors
 from agent_stores.errors import ConfigError, ConflictError
 from agent_stores.kv.base import new_version
 from agent_stores.sessions import SessionStore
-from agent_stores.sessions.cache import CachedChunk
 from agent_stores.sessions.errors import TransientStoreError
 from agent_stores.sessions.records import (
     CHUNK_PREFIX,
@@ -370,8 +369,7 @@ class PostgresSessionStorage(KVSessionStorage):
             sealed=planned.sealed,
             expires_at=expires_at,
         )
-        if planned.messages is not None:
-            self.cache.put(scope, key, CachedChunk(planned.blob, tuple(planned.messages)))
+        self._remember_written_chunk(scope, key, planned)
         return ref
 
     async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:

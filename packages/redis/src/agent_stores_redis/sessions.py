@@ -34,7 +34,6 @@ from typing import Any, ClassVar
 from agent_stores.errors import ConflictError
 from agent_stores.kv.base import Check, Create, Operation, Replace
 from agent_stores.sessions import Acquired, Busy, KVSessionStorage, LeaseHandle, SessionStore
-from agent_stores.sessions.cache import CachedChunk
 from agent_stores.sessions.errors import TransientStoreError
 from agent_stores.sessions.records import (
     CHUNK_PREFIX,
@@ -221,8 +220,7 @@ class RedisSessionStorage(KVSessionStorage):
             sealed=planned.sealed,
             expires_at=None if ttl is None else now + ttl,
         )
-        if planned.messages is not None:
-            self.cache.put(scope, key, CachedChunk(planned.blob, tuple(planned.messages)))
+        self._remember_written_chunk(scope, key, planned)
         return ref
 
     async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:

@@ -311,9 +311,19 @@ class KVSessionStorage:
             sealed=planned.sealed,
             expires_at=None if ttl is None else now + ttl,
         )
-        if planned.messages is not None:
-            self.cache.put(scope, key, CachedChunk(planned.blob, tuple(planned.messages)))
+        self._remember_written_chunk(scope, key, planned)
         return ref
+
+    def _remember_written_chunk(self, scope: str, key: str, planned: _Planned) -> None:
+        """Cache a chunk this process just wrote (backends' ``_write_chunk`` call it too).
+
+        The cache holds what a reader decodes from the stored bytes, never the caller's own
+        objects: Pydantic AI edits messages in place after they were saved, and a later
+        turn must see exactly what another process would read.
+        """
+        if planned.messages is not None and planned.blob is not None:
+            decoded = decode_messages(planned.blob, planned.count)
+            self.cache.put(scope, key, CachedChunk(planned.blob, tuple(decoded)))
 
     async def _fetch_chunks(
         self, session_id: str, scope: str, refs: Sequence[ChunkRef]
