@@ -944,20 +944,42 @@ class KVSessionStorage:
             )
         )
 
-    async def note_waiting(self, session_id: str) -> None:
-        """Tell the current holder's store that another client is waiting (fair hand-over)."""
+    async def note_waiting(self, session_id: str) -> bool:
+        """Tell the current holder's store that another client is waiting (fair hand-over).
+
+        Returns True when the hint now names this store. A hint left by another store is
+        taken over: it may be the stale hint of the client that now holds the session
+        (which deletes it only after acquiring), and such a hint would not hold that
+        client back when it releases.
+        """
+        scope = self.scope_for(session_id)
+        ours = self.store_id.encode()
+        try:
+            await self._call(
+                session_id, self.kv.create(scope, WAITER_KEY, ours, ttl=self.waiter_hint_seconds)
+            )
+            return True
+        except ConflictError:
+            pass
+        entry = await self._call(session_id, self.kv.get(scope, WAITER_KEY))
+        if entry is None:
+            return False  # gone meanwhile: the next poll leaves a new one
+        if entry.value == ours:
+            return True
         try:
             await self._call(
                 session_id,
-                self.kv.create(
-                    self.scope_for(session_id),
+                self.kv.replace(
+                    scope,
                     WAITER_KEY,
-                    self.store_id.encode(),
+                    ours,
+                    expected_version=entry.version,
                     ttl=self.waiter_hint_seconds,
                 ),
             )
         except ConflictError:
-            pass
+            return False
+        return True
 
     # -- lease-free reads -----------------------------------------------------------------
 

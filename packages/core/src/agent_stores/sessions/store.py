@@ -483,6 +483,7 @@ class SessionStore:
         owner = f"{self.store_id}:{secrets.token_hex(4)}"
         delay = self.poll_initial_seconds
         holder: str | None = None
+        hinted = False
         while True:
             self._check_open()
             try:
@@ -510,9 +511,12 @@ class SessionStore:
                     f"session {session_id!r} stayed busy{who} for the whole timeout",
                     session_id=session_id,
                 )
-            if not outcome.waiter_hinted and outcome.retry_after is None:
+            # Leave our hint until it is known to be in place; then only when none is (it
+            # expires after a while). A hint seen in the state read may be a stale one of
+            # the holder itself, which would not make it hand over.
+            if outcome.retry_after is None and not (outcome.waiter_hinted and hinted):
                 try:
-                    await self.storage.note_waiting(session_id)
+                    hinted = await self.storage.note_waiting(session_id)
                 except SessionError:
                     pass  # the hint is a courtesy; waiting works without it
             # Poll with jittered exponential backoff; a courtesy pause (we just released the
