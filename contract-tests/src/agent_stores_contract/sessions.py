@@ -758,6 +758,35 @@ class SessionContract(ContractBase):
 
     # -- checkpoints and the recovery latch -----------------------------------------------
 
+    async def test_checkpointed_messages_edited_later_are_saved(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """With a tiny inline tail, so checkpoints spill into chunks: what a fresh client
+        reads after the turn is exactly the run's final messages, including the request
+        Pydantic AI completed in place after it had been checkpointed."""
+        store = await sessions_factory(tail_bytes=256)
+        sid = f"{ns}:edited"
+        agent = Agent(one_call_model("book", {"slot": "noon"}, final="booked"))
+
+        @agent.tool_plain
+        async def book(slot: str) -> str:
+            return f"booked {slot}"
+
+        async with store.turn(sid) as session:
+            session.replace(pair("earlier", 400))
+        async with store.turn(sid) as session:
+            result = await agent.run(
+                "book it",
+                message_history=session.messages,
+                capabilities=[session_checkpoints(session, effect_tools={"book"})],
+            )
+            session.replace(result.all_messages())
+        expected = dump(result.all_messages())
+        fresh = await sessions_factory(tail_bytes=256)
+        assert dump(await fresh.read_messages(sid) or []) == expected
+        async with store.turn(sid) as session:
+            assert dump(session.messages) == expected
+
     async def test_effect_success_clears_marker_and_stores_no_arguments(
         self, sessions_factory: SessionsFactory, ns: str
     ) -> None:

@@ -277,11 +277,16 @@ def is_extension(new: Sequence[ModelMessage], old: Sequence[ModelMessage]) -> bo
 
     Identity is checked first: a history passed through ``agent.run(message_history=…)``
     comes back with the same message objects, which makes the usual case O(n) pointer
-    comparisons.
+    comparisons; only unequal pairs are compared by their JSON.
     """
     if len(new) < len(old):
         return False
-    return all(a is b or a == b for a, b in zip(new, old, strict=False))
+    # Equal JSON also counts: a decoded message may differ in type from the one saved
+    # (BinaryContent of an image comes back as BinaryImage) yet stores the same.
+    return all(
+        a is b or a == b or encode_messages([a]) == encode_messages([b])
+        for a, b in zip(new, old, strict=False)
+    )
 
 
 def effect_calls_succeeded(calls: Iterable[EffectCall], messages: Sequence[ModelMessage]) -> bool:

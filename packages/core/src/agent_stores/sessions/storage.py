@@ -314,6 +314,26 @@ class KVSessionStorage:
         self._remember_written_chunk(scope, key, planned)
         return ref
 
+    def _as_stored(
+        self, scope: str, chunks: Sequence[ChunkRef], messages: Sequence[ModelMessage]
+    ) -> list[ModelMessage]:
+        """``messages`` with its chunked part replaced by the decoded chunks.
+
+        The next save compares against this to decide whether the chunks can be kept. The
+        caller's own objects must not be used for that: Pydantic AI edits messages in place
+        after a save (it fills in the request it was about to send), and comparing an
+        edited object with itself would keep a chunk that no longer matches.
+        """
+        stored: list[ModelMessage] = []
+        for ref in chunks:
+            cached = self.cache.get(scope, ref.key)
+            if cached is None:
+                # Not cached (evicted, or larger than the cache): the caller's objects
+                # are the best we have; an in-place edit of them would go unnoticed.
+                return list(messages)
+            stored.extend(cached.messages)
+        return [*stored, *messages[len(stored) :]]
+
     def _remember_written_chunk(self, scope: str, key: str, planned: _Planned) -> None:
         """Cache a chunk this process just wrote (backends' ``_write_chunk`` call it too).
 
@@ -882,7 +902,7 @@ class KVSessionStorage:
             raise
         self._discard_later(handle.session_id, handle.scope, plan.obsolete)
         if messages is not None:
-            handle.messages = list(messages)
+            handle.messages = self._as_stored(handle.scope, plan.chunks, messages)
         handle.pending_effects = recovery
         if not release:
             handle.lease_expires_at = now + self.lease_seconds
