@@ -7,11 +7,11 @@ closing the connection closes the KV store. ``open_sessions`` / ``open_memory`` 
 
 from __future__ import annotations
 
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import ConfigError
 from .kv.base import KVStore
+from .lifecycle import AsyncCloseable
 from .plugins import get_registry
 from .selection import UrlLike, open_kv
 from .url import StoreURL
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .sessions import SessionStore
 
 
-class StoreConnection:
+class StoreConnection(AsyncCloseable):
     """A KV store opened from a URL, with factories for the session, memory and run stores."""
 
     def __init__(self, url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> None:
@@ -31,17 +31,6 @@ class StoreConnection:
 
     def __repr__(self) -> str:
         return f"<StoreConnection {self.url if self.url is not None else self.kv.describe()}>"
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the KV store. Stores opened from this connection stop working."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from ..errors import CorruptRecordError
 from ..kv.base import KVStore
+from ..lifecycle import AsyncCloseable
 from .codec import decode_record
 from .space import RunSpace, bounded_gather
 from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
@@ -34,7 +34,7 @@ def journal_key(event: JournalEvent) -> str:
     return f"{JOURNAL_LOG}/{event.step_id}/{event.phase.value}"
 
 
-class Checkpointer:
+class Checkpointer(AsyncCloseable):
     """A durable run journal (and, through :meth:`step_store`, a harness ``StepStore``).
 
     ``Checkpointer(kv, *, owns_kv=False, namespace="cp", ttl=None)``. Use it as an async
@@ -68,14 +68,6 @@ class Checkpointer:
     async def __aenter__(self) -> Self:
         await self.setup()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def setup(self) -> None:
         """Create the backend's tables or schema if it needs them. Idempotent."""

@@ -23,7 +23,6 @@ import logging
 import uuid
 from datetime import datetime
 from functools import partial
-from types import TracebackType
 from typing import Any, Self
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -36,6 +35,7 @@ from pydantic_ai_harness.step_persistence import (
 
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import KVStore
+from ..lifecycle import AsyncCloseable
 from .codec import canonical, decode_record, digest
 from .errors import RunExistsError
 from .space import _BATCH, _CACHE_RUNS, _MAX_ATTEMPTS, LRU, RunSpace, backoff, bounded_gather
@@ -194,7 +194,7 @@ def retained_seqs(live: list[tuple[int, str, str]], keep: int) -> set[int]:
     return retained
 
 
-class KVStepStore:
+class KVStepStore(AsyncCloseable):
     """The harness ``StepStore`` (every method) on any agent-stores backend.
 
     ``KVStepStore(kv, *, owns_kv=False, namespace="cp", ttl=None, max_snapshots_per_run=None)``,
@@ -228,14 +228,6 @@ class KVStepStore:
     async def __aenter__(self) -> Self:
         await self.kv.setup()
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the KV store when this store owns it."""

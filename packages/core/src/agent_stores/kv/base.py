@@ -23,10 +23,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import ClassVar, Self
+from typing import ClassVar
 
 from ..errors import InvalidIdError, ResourceClosedError, UnsupportedError, ValueTooLargeError
+from ..lifecycle import AsyncCloseable
 
 Clock = Callable[[], float]
 
@@ -117,7 +117,7 @@ def new_version() -> str:
     return secrets.token_hex(16)
 
 
-class KVStore(ABC):
+class KVStore(AsyncCloseable, ABC):
     """Async key-value store with per-key compare-and-swap, TTL and ordered scans.
 
     Subclasses implement the ``_`` primitives; callers use the public methods. A store is
@@ -135,17 +135,6 @@ class KVStore(ABC):
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Release what the store created. Idempotent."""

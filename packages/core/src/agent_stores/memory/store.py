@@ -16,8 +16,6 @@ import secrets
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Self
 
 from ..errors import (
     BackendUnavailableError,
@@ -26,6 +24,7 @@ from ..errors import (
     ValueTooLargeError,
 )
 from ..kv.base import Entry, KVStore, new_version
+from ..lifecycle import AsyncCloseable
 from ._harness import (
     MemoryConflictError,
     MemoryFile,
@@ -92,7 +91,7 @@ class _Staged:
     metadata_written: bool = False
 
 
-class KVMemoryStore:
+class KVMemoryStore(AsyncCloseable):
     """A ``pydantic_ai_harness.memory`` store on a :class:`~agent_stores.kv.KVStore`.
 
     Satisfies ``MemoryStore``, ``SearchableMemoryStore`` and ``MetadataMemoryStore``, so
@@ -154,17 +153,6 @@ class KVMemoryStore:
         return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
 
     # -- lifecycle ------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the KV store if this store owns it (``owns_kv=True``). Idempotent."""

@@ -10,12 +10,13 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
 
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore
+from ..lifecycle import AsyncCloseable
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -304,7 +305,7 @@ class _Turn:
         self._fail(error)
 
 
-class SessionStore:
+class SessionStore(AsyncCloseable):
     """One active turn per session, on any KV backend; the generic implementation.
 
     ``SessionStore(kv, *, owns_kv=False, ttl_seconds=86_400, lease_seconds=30, ...)``.
@@ -403,17 +404,6 @@ class SessionStore:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} on {self.kv.describe()} lease={self.lease_seconds}s>"
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def closed(self) -> bool:
