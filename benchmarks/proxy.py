@@ -68,6 +68,8 @@ class DelayProxy:
         self._tasks |= {up, down}
         try:
             await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            pass  # the proxy is closing
         finally:
             for task in (up, down):
                 task.cancel()
