@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import tempfile
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -132,18 +133,26 @@ TEST_URL_ENV = {
 }
 
 
+def _redacted(url: str) -> str:
+    """``url`` with its password masked (stdlib only: nox runs outside the project's venv)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def _run_contract(session: nox.Session, label: str, url: str, extra: list[str]) -> None:
-    session.log(f"contract suite on {label}")
+    session.log(f"contract suite on {label}: {_redacted(url)}")
+    # Through the environment, not argv: nox echoes commands, and a URL may hold a password.
     session.run(
         "pytest",
         "-p",
         "no:cacheprovider",
         "--pyargs",
         "agent_stores_contract.suite",
-        "--store-url",
-        url,
         *extra,
-        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        env={"PYTHONDONTWRITEBYTECODE": "1", "AGENT_STORES_CONTRACT_URL": url},
     )
 
 
@@ -215,9 +224,8 @@ def lint(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation strictly (API reference generated from docstrings)."""
     _install(session, "docs")
-    session.run(
-        "mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site")
-    )
+    site = str(Path(session.create_tmp()) / "site")
+    session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(python=PYTHON)

@@ -104,3 +104,29 @@ def test_every_contract_test_states_its_guarantee() -> None:
             assert doc and len(doc) > 20, (
                 f"{cls.__name__}.{name} has no docstring stating its guarantee"
             )
+
+
+def test_store_url_repr_hides_the_password() -> None:
+    from agent_stores_contract.plugin import RedactedURL
+
+    url = RedactedURL("redis://user:s3cret@localhost:6379/0?prefix=ct")
+    assert url == "redis://user:s3cret@localhost:6379/0?prefix=ct"
+    assert "s3cret" not in repr(url)
+    assert "s3cret" not in repr([url])
+
+
+def test_failing_test_output_hides_the_password(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_leak="""
+def test_fails(contract_store_url):
+    assert contract_store_url.startswith("memory://")
+    raise AssertionError("the backend misbehaved")
+"""
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--store-url", "memory://u:s3cret@x"
+    )
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "contract_store_url = 'memory://u:***@x'" in output
+    assert "s3cret" not in output.replace("--store-url memory://u:s3cret@x", "")

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import pytest
+from agent_stores import AppError, StoreURL
 
 URL_ENV = "AGENT_STORES_CONTRACT_URL"
 
@@ -33,6 +34,22 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+class RedactedURL(str):
+    """A URL string whose repr hides its secrets.
+
+    pytest prints a failing test's arguments; a store URL with a password must not end up
+    in a CI log that way.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        try:
+            return repr(StoreURL.parse(str(self)).render())
+        except AppError:
+            return "'<unparsable store URL>'"
+
+
 @pytest.fixture
 def contract_store_url(request: pytest.FixtureRequest) -> str:
     """The backend URL given on the command line or in the environment."""
@@ -42,7 +59,7 @@ def contract_store_url(request: pytest.FixtureRequest) -> str:
             f"the agent-stores contract suite needs a backend: pass --store-url URL or set {URL_ENV}, "
             "or override the kv_factory fixture"
         )
-    return str(url)
+    return RedactedURL(url)
 
 
 class ContractViolation(Exception):
