@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, LiteralString
@@ -41,7 +40,6 @@ from agent_stores.kv.base import new_version
 from agent_stores.sessions import SessionStore
 from agent_stores.sessions.errors import TransientStoreError
 from agent_stores.sessions.records import (
-    CHUNK_PREFIX,
     EMPTY_ARRAY,
     FORMAT,
     STATE_KEY,
@@ -50,7 +48,6 @@ from agent_stores.sessions.records import (
     Lease,
     StateHeader,
     encode_state,
-    split_parts,
 )
 from agent_stores.sessions.storage import (
     Acquired,
@@ -58,7 +55,6 @@ from agent_stores.sessions.storage import (
     KVSessionStorage,
     LeaseHandle,
     _MissingChunk,
-    _Planned,
 )
 from psycopg import AsyncConnection, sql
 from pydantic_ai.messages import ModelMessage
@@ -348,29 +344,17 @@ class PostgresSessionStorage(KVSessionStorage):
         finally:
             _STAGED.reset(token)
 
-    async def _write_chunk(
-        self, session_id: str, scope: str, planned: _Planned, now: float
-    ) -> ChunkRef:
+    async def _store_chunk_parts(
+        self, session_id: str, scope: str, key: str, parts: Sequence[bytes], now: float
+    ) -> None:
         staged = _STAGED.get()
         if staged is None:
-            return await super()._write_chunk(session_id, scope, planned, now)
-        assert planned.blob is not None
-        key = f"{CHUNK_PREFIX}{secrets.token_hex(8)}"
-        parts = split_parts(planned.blob, self.part_bytes)
+            await super()._store_chunk_parts(session_id, scope, key, parts, now)
+            return
+        # Inside a save: the parts are written by the same statement as the state.
         ttl = self.chunk_ttl
         expires_at = None if ttl is None else now + ttl
         staged.extend((f"{key}/{i}", part, expires_at) for i, part in enumerate(parts))
-        ref = ChunkRef(
-            key=key,
-            count=planned.count,
-            size=planned.size,
-            parts=len(parts),
-            level=planned.level,
-            sealed=planned.sealed,
-            expires_at=expires_at,
-        )
-        self._remember_written_chunk(scope, key, planned)
-        return ref
 
     async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:
         staged = _STAGED.get()

@@ -24,7 +24,6 @@ the generic code, and the session contract runs unchanged on it.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -36,18 +35,14 @@ from agent_stores.kv.base import Check, Create, Operation, Replace
 from agent_stores.sessions import Acquired, Busy, KVSessionStorage, LeaseHandle, SessionStore
 from agent_stores.sessions.errors import TransientStoreError
 from agent_stores.sessions.records import (
-    CHUNK_PREFIX,
     STATE_KEY,
     WAITER_KEY,
-    ChunkRef,
     Lease,
     StateHeader,
     encode_state,
-    split_parts,
 )
 
 # A private type of the generic layer: the chunk plan handed to ``_write_chunk``.
-from agent_stores.sessions.storage import _Planned
 from pydantic_ai.messages import ModelMessage
 
 #: How many released sessions a store remembers for the one-round-trip acquire.
@@ -199,29 +194,15 @@ class RedisSessionStorage(KVSessionStorage):
         if release:
             self._remember(handle)
 
-    async def _write_chunk(
-        self, session_id: str, scope: str, planned: _Planned, now: float
-    ) -> ChunkRef:
+    async def _store_chunk_parts(
+        self, session_id: str, scope: str, key: str, parts: Sequence[bytes], now: float
+    ) -> None:
         staged = _staged.get()
         if staged is None:
-            return await super()._write_chunk(session_id, scope, planned, now)
+            await super()._store_chunk_parts(session_id, scope, key, parts, now)
+            return
         # Inside a save: the parts are written by the same script as the state.
-        assert planned.blob is not None
-        key = f"{CHUNK_PREFIX}{secrets.token_hex(8)}"
-        parts = split_parts(planned.blob, self.part_bytes)
-        ttl = self.chunk_ttl
-        staged.append(_StagedChunk(key, parts, ttl))
-        ref = ChunkRef(
-            key=key,
-            count=planned.count,
-            size=planned.size,
-            parts=len(parts),
-            level=planned.level,
-            sealed=planned.sealed,
-            expires_at=None if ttl is None else now + ttl,
-        )
-        self._remember_written_chunk(scope, key, planned)
-        return ref
+        staged.append(_StagedChunk(key, list(parts), self.chunk_ttl))
 
     async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:
         staged = _staged.get()

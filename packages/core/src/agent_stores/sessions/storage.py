@@ -296,12 +296,7 @@ class KVSessionStorage:
         key = f"{CHUNK_PREFIX}{secrets.token_hex(8)}"
         parts = split_parts(planned.blob, self.part_bytes)
         ttl = self.chunk_ttl
-        await asyncio.gather(
-            *(
-                self._call(session_id, self.kv.create(scope, f"{key}/{i}", part, ttl=ttl))
-                for i, part in enumerate(parts)
-            )
-        )
+        await self._store_chunk_parts(session_id, scope, key, parts, now)
         ref = ChunkRef(
             key=key,
             count=planned.count,
@@ -313,6 +308,22 @@ class KVSessionStorage:
         )
         self._remember_written_chunk(scope, key, planned)
         return ref
+
+    async def _store_chunk_parts(
+        self, session_id: str, scope: str, key: str, parts: Sequence[bytes], now: float
+    ) -> None:
+        """Write the parts of a new chunk as ``key/0``, ``key/1``, … (create-if-absent).
+
+        Native fast paths override this to stage the parts and write them in the same
+        round trip as the state.
+        """
+        ttl = self.chunk_ttl
+        await asyncio.gather(
+            *(
+                self._call(session_id, self.kv.create(scope, f"{key}/{i}", part, ttl=ttl))
+                for i, part in enumerate(parts)
+            )
+        )
 
     def _as_stored(
         self, scope: str, chunks: Sequence[ChunkRef], messages: Sequence[ModelMessage]
