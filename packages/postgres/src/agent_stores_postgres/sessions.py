@@ -361,11 +361,7 @@ class PostgresSessionStorage(KVSessionStorage):
         if staged is None:
             await super()._cas_state(handle, header, tail)
             return
-        if handle.lost:
-            raise self._lost(handle)
-        if handle.uncertain is not None:
-            await self._resolve_uncertain(handle)
-        header, written, obsolete = await self._refreshed(handle, header)
+        header, written, obsolete = await self._ready_for_cas(handle, header)
         value = encode_state(header, tail)
         chunks = list(staged)
         staged.clear()

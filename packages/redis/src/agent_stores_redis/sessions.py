@@ -209,11 +209,7 @@ class RedisSessionStorage(KVSessionStorage):
         if staged is None:
             await super()._cas_state(handle, header, tail)
             return
-        if handle.lost:
-            raise self._lost(handle)
-        if handle.uncertain is not None:
-            await self._resolve_uncertain(handle)
-        header, written, obsolete = await self._refreshed(handle, header)
+        header, written, obsolete = await self._ready_for_cas(handle, header)
         value = encode_state(header, tail)
         ops: list[Operation] = [
             Create(f"{chunk.key}/{i}", part, chunk.ttl)

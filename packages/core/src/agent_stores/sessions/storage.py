@@ -607,11 +607,7 @@ class KVSessionStorage:
 
     async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:
         """Write ``state`` fenced by the handle's version; on success the handle follows."""
-        if handle.lost:
-            raise self._lost(handle)
-        if handle.uncertain is not None:
-            await self._resolve_uncertain(handle)
-        header, written, obsolete = await self._refreshed(handle, header)
+        header, written, obsolete = await self._ready_for_cas(handle, header)
         value = encode_state(header, tail)
         try:
             version = await self._call(
@@ -635,6 +631,18 @@ class KVSessionStorage:
         handle.header = header
         handle.tail = tail
         self._discard_later(handle.session_id, handle.scope, obsolete)
+
+    async def _ready_for_cas(
+        self, handle: LeaseHandle, header: StateHeader
+    ) -> tuple[StateHeader, list[ChunkRef], list[ChunkRef]]:
+        """What every state CAS does first (fast paths too): refuse a lost lease, settle a
+        write whose outcome is unknown, refresh chunks about to expire. Returns the header
+        to write and the chunks written / made obsolete by the refresh."""
+        if handle.lost:
+            raise self._lost(handle)
+        if handle.uncertain is not None:
+            await self._resolve_uncertain(handle)
+        return await self._refreshed(handle, header)
 
     async def _refreshed(
         self, handle: LeaseHandle, header: StateHeader
