@@ -93,20 +93,19 @@ def _postgres_available() -> bool:
     return module is not None and bool(getattr(module, "available", lambda: True)())
 
 
-@contextlib.contextmanager
-def _redis_urls() -> Iterator[dict[str, str]]:
-    module = _server_module("redis")
-    assert module is not None
-    with module.redis_servers() as urls:
-        yield dict(urls)
+def _server_urls(
+    name: str, starter: str
+) -> Callable[[], contextlib.AbstractContextManager[dict[str, str]]]:
+    """A context manager factory running ``scripts/servers/<name>.py``'s ``starter``."""
 
+    @contextlib.contextmanager
+    def urls() -> Iterator[dict[str, str]]:
+        module = _server_module(name)
+        assert module is not None
+        with getattr(module, starter)() as found:
+            yield dict(found)
 
-@contextlib.contextmanager
-def _postgres_urls() -> Iterator[dict[str, str]]:
-    module = _server_module("postgres")
-    assert module is not None
-    with module.postgres_server() as urls:
-        yield dict(urls)
+    return urls
 
 
 # backend name -> (is it runnable here?, context manager yielding {label: url})
@@ -115,8 +114,8 @@ BACKENDS: dict[
 ] = {
     "memory": (lambda: True, _memory_urls),
     "sqlite": (lambda: True, _sqlite_urls),
-    "redis": (_redis_available, _redis_urls),
-    "postgres": (_postgres_available, _postgres_urls),
+    "redis": (_redis_available, _server_urls("redis", "redis_servers")),
+    "postgres": (_postgres_available, _server_urls("postgres", "postgres_server")),
 }
 
 # Backend test modules that only subclass the contract suite (run by ``contract``).

@@ -309,21 +309,24 @@ class SQLiteKV(KVStore):
             raise ConflictError("version mismatch", scope=scope, key=key)
         return version
 
-    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
-        def op(c: sqlite3.Connection) -> bool:
-            if expected_version is None:
-                cur = c.execute(
-                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}",
-                    (scope, key, now),
-                )
-            else:
-                cur = c.execute(
-                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
-                    (scope, key, expected_version, now),
-                )
-            return cur.rowcount == 1
+    @staticmethod
+    def _delete_in(
+        c: sqlite3.Connection, scope: str, key: str, expected: str | None, now: float
+    ) -> bool:
+        if expected is None:
+            cur = c.execute(
+                f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}",
+                (scope, key, now),
+            )
+        else:
+            cur = c.execute(
+                f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
+                (scope, key, expected, now),
+            )
+        return cur.rowcount == 1
 
-        return await self._run(op)
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        return await self._run(lambda c: self._delete_in(c, scope, key, expected_version, now))
 
     async def _scan(
         self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
@@ -389,20 +392,9 @@ class SQLiteKV(KVStore):
                         )
                         ok = result is not None
                     elif isinstance(item, Delete):
-                        if item.expected_version is None:
-                            c.execute(
-                                "DELETE FROM agent_stores_kv WHERE scope = ? AND key = ?",
-                                (scope, item.key),
-                            )
-                            ok = True
-                        else:
-                            ok = (
-                                c.execute(
-                                    f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
-                                    (scope, item.key, item.expected_version, now),
-                                ).rowcount
-                                == 1
-                            )
+                        deleted = self._delete_in(c, scope, item.key, item.expected_version, now)
+                        # Without a version, absent (or expired) is as good as deleted.
+                        ok = deleted or item.expected_version is None
                     else:
                         assert isinstance(item, Check)
                         row = c.execute(

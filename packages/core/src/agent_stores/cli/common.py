@@ -29,14 +29,9 @@ def run_async(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     return wrapper
 
 
-def url_argument(required: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A ``URL`` positional argument; optional ones default to ``default_url()``."""
-    return click.argument(
-        "url",
-        required=required,
-        default=None,
-        metavar="URL" if required else "[URL]",
-    )
+def url_argument() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An optional ``URL`` positional argument (see :func:`resolve_url` for the default)."""
+    return click.argument("url", required=False, default=None, metavar="[URL]")
 
 
 def resolve_url(url: str | None) -> str:
