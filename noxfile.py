@@ -84,13 +84,14 @@ def _memory_urls() -> Iterator[dict[str, str]]:
     }
 
 
-def _redis_available() -> bool:
-    return shutil.which("redis-server") is not None and _server_module("redis") is not None
+def _server_available(name: str) -> Callable[[], bool]:
+    """``scripts/servers/<name>.py`` exists and its ``available()`` says the server can run."""
 
+    def available() -> bool:
+        module = _server_module(name)
+        return module is not None and bool(getattr(module, "available", lambda: True)())
 
-def _postgres_available() -> bool:
-    module = _server_module("postgres")
-    return module is not None and bool(getattr(module, "available", lambda: True)())
+    return available
 
 
 def _server_urls(
@@ -108,28 +109,37 @@ def _server_urls(
     return urls
 
 
+def _server_backend(
+    name: str, starter: str
+) -> tuple[Callable[[], bool], Callable[[], contextlib.AbstractContextManager[dict[str, str]]]]:
+    return _server_available(name), _server_urls(name, starter)
+
+
 # backend name -> (is it runnable here?, context manager yielding {label: url})
 BACKENDS: dict[
     str, tuple[Callable[[], bool], Callable[[], contextlib.AbstractContextManager[dict[str, str]]]]
 ] = {
     "memory": (lambda: True, _memory_urls),
     "sqlite": (lambda: True, _sqlite_urls),
-    "redis": (_redis_available, _server_urls("redis", "redis_servers")),
-    "postgres": (_postgres_available, _server_urls("postgres", "postgres_server")),
+    "redis": _server_backend("redis", "redis_servers"),
+    "postgres": _server_backend("postgres", "postgres_server"),
+    "dynamodb": _server_backend("dynamodb", "dynamodb_server"),
+    "cosmos": _server_backend("cosmos", "cosmos_server"),
+    "firestore": _server_backend("firestore", "firestore_server"),
 }
+
+# Backends served by a package of their own under packages/ (with tests needing the server).
+SERVER_BACKENDS = ["redis", "postgres", "dynamodb", "cosmos", "firestore"]
 
 # Backend test modules that only subclass the contract suite (run by ``contract``).
-CONTRACT_MODULES = [
-    "packages/redis/tests/test_redis_contract.py",
-    "packages/postgres/tests/test_contract.py",
-]
+CONTRACT_MODULES = sorted(
+    str(path.relative_to(ROOT)) for path in ROOT.glob("packages/*/tests/test_*contract.py")
+)
 
-# Environment variables through which the backend packages' own tests find their servers.
-TEST_URL_ENV = {
-    "redis": "AGENT_STORES_TEST_REDIS_URL",
-    "redis-cluster": "AGENT_STORES_TEST_REDIS_CLUSTER_URL",
-    "postgres": "AGENT_STORES_TEST_POSTGRES_URL",
-}
+
+def _test_url_env(label: str) -> str:
+    """The environment variable through which a backend package's tests find its server."""
+    return f"AGENT_STORES_TEST_{label.upper().replace('-', '_')}_URL"
 
 
 def _redacted(url: str) -> str:
@@ -162,15 +172,15 @@ def tests(session: nox.Session) -> None:
     paths = ["packages/core/tests", "contract-tests/tests"]
     env: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        for name in ("redis", "postgres"):
+        for name in SERVER_BACKENDS:
             package_tests = ROOT / "packages" / name / "tests"
-            if not package_tests.exists():
+            if not any(package_tests.glob("test_*.py")):
                 continue
             available, urls = BACKENDS[name]
             if not available():
                 session.error(f"the {name} tests need a {name} server and none can be started here")
             for label, url in stack.enter_context(urls()).items():
-                env[TEST_URL_ENV[label]] = url
+                env[_test_url_env(label)] = url
             paths.append(str(package_tests.relative_to(ROOT)))
         # The backends' contract modules run the very suite the contract session runs on
         # the same servers; here only their own tests, so CI does not run it twice.

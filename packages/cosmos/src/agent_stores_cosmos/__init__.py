@@ -1,0 +1,1 @@
+"""Azure Cosmos DB for NoSQL backend for agent-stores (azure-cosmos aio)."""

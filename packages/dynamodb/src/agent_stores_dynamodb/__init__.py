@@ -1,0 +1,1 @@
+"""Amazon DynamoDB backend for agent-stores (aiobotocore, async)."""

@@ -1,0 +1,1 @@
+"""The agent-stores plugin of agent-stores-dynamodb (entry point in group ``agent_stores``)."""

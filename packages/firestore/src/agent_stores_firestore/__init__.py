@@ -1,0 +1,1 @@
+"""Google Cloud Firestore backend for agent-stores (google-cloud-firestore AsyncClient)."""
