@@ -42,12 +42,18 @@ class RegisterBackend(Protocol):
         factory: str,
         *,
         description: str = "",
+        clobber: bool = False,
     ) -> None:
         """Declare that URLs with ``scheme`` open ``factory``.
 
         ``factory`` is an import string ``"package.module:attribute[.attribute]"`` naming a
         callable ``(url: StoreURL, **options) -> KVStore``. Ready client objects are
         handled by the :func:`kv_from_client` hook instead.
+
+        A scheme belongs to one plugin. When two plugins register it, neither gets it: the
+        clash is reported by ``agent-stores backends`` and opening such a URL raises
+        :class:`~agent_stores.errors.ConfigError`, unless exactly one of them passes
+        ``clobber=True`` to take the scheme over on purpose (fsspec's rule).
         """
 
 

@@ -57,6 +57,23 @@ class PluginFailure:
     traceback: str
 
 
+@dataclass(frozen=True)
+class SchemeClash:
+    """A scheme registered by several plugins, none of which took it over with ``clobber``."""
+
+    scheme: str
+    plugins: tuple[str, ...]
+
+    def message(self) -> str:
+        """Why the scheme cannot be opened, and how to fix it."""
+        names = ", ".join(repr(p) for p in self.plugins)
+        return (
+            f"the URL scheme {self.scheme!r} is registered by several plugins ({names}); "
+            f"disable all but one with AGENT_STORES_DISABLE_PLUGINS, or let one register it "
+            f"with clobber=True"
+        )
+
+
 @dataclass
 class PluginRegistry:
     """The loaded plugins and the schemes they registered."""
@@ -65,6 +82,9 @@ class PluginRegistry:
     backends: dict[str, BackendInfo] = field(default_factory=dict)
     failures: list[PluginFailure] = field(default_factory=list)
     disabled: list[str] = field(default_factory=list)
+    clashes: dict[str, SchemeClash] = field(default_factory=dict)
+    clobbered: dict[str, str] = field(default_factory=dict)
+    """scheme -> the plugin that registered it with ``clobber=True``"""
     plugin_distributions: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
 
     @property
@@ -92,25 +112,41 @@ def _make_register(registry: PluginRegistry, plugin: str) -> hookspecs.RegisterB
         factory: str,
         *,
         description: str = "",
+        clobber: bool = False,
     ) -> None:
         scheme = scheme.lower()
         if ":" not in factory:
             raise ConfigError(
                 detail=f"plugin {plugin!r}: factory {factory!r} must be 'module:attribute'"
             )
-        existing = registry.backends.get(scheme)
-        if existing is not None and existing.plugin != plugin:
-            log.warning(
-                "scheme %r registered by both %r and %r; keeping %r",
-                scheme,
-                existing.plugin,
-                plugin,
-                existing.plugin,
-            )
+        info = BackendInfo(scheme, factory, plugin, distribution, version, description)
+        clash = registry.clashes.get(scheme)
+        if clash is not None:
+            if clobber:
+                # A deliberate takeover settles a clash between plugins that did not clobber.
+                del registry.clashes[scheme]
+                registry.clobbered[scheme] = plugin
+                registry.backends[scheme] = info
+            else:
+                registry.clashes[scheme] = SchemeClash(scheme, (*clash.plugins, plugin))
             return
-        registry.backends[scheme] = BackendInfo(
-            scheme, factory, plugin, distribution, version, description
-        )
+        existing = registry.backends.get(scheme)
+        if existing is None or existing.plugin == plugin:
+            registry.backends[scheme] = info
+            if clobber:
+                registry.clobbered[scheme] = plugin
+            return
+        existing_clobbers = registry.clobbered.get(scheme) == existing.plugin
+        if clobber and not existing_clobbers:
+            registry.clobbered[scheme] = plugin
+            registry.backends[scheme] = info
+        elif existing_clobbers and not clobber:
+            pass  # the earlier plugin took the scheme over on purpose
+        else:
+            del registry.backends[scheme]
+            registry.clobbered.pop(scheme, None)
+            registry.clashes[scheme] = SchemeClash(scheme, (existing.plugin, plugin))
+            log.warning("%s", registry.clashes[scheme].message())
 
     return register
 
@@ -171,6 +207,10 @@ def load_registry(
                 stacklevel=2,
             )
             log.warning("plugin %r failed to load: %s", name, failure.error)
+    if strict and registry.clashes:
+        raise PluginLoadError(
+            detail="; ".join(clash.message() for clash in registry.clashes.values())
+        )
     return registry
 
 

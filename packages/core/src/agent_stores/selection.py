@@ -81,6 +81,9 @@ def resolve_backend(scheme: str) -> Any:
     """The factory callable registered for ``scheme``, imported now; typed errors otherwise."""
     registry = get_registry()
     info = registry.backends.get(scheme)
+    clash = registry.clashes.get(scheme)
+    if clash is not None:
+        raise ConfigError(detail=clash.message())
     if info is None:
         installed = sorted(registry.backends)
         distribution = KNOWN_DISTRIBUTIONS.get(scheme)

@@ -30,6 +30,10 @@ def backends_report() -> dict[str, Any]:
             for f in registry.failures
         ],
         "disabled": sorted(registry.disabled),
+        "clashes": [
+            {"scheme": clash.scheme, "plugins": list(clash.plugins), "error": clash.message()}
+            for clash in sorted(registry.clashes.values(), key=lambda c: c.scheme)
+        ],
     }
 
 
@@ -58,6 +62,8 @@ def backends(as_json: bool) -> None:
             fg="red",
             err=True,
         )
+    for clash in report["clashes"]:
+        click.secho(clash["error"], fg="red", err=True)
     if report["disabled"]:
         click.echo(
             f"disabled by AGENT_STORES_DISABLE_PLUGINS: {', '.join(report['disabled'])}", err=True
