@@ -3,6 +3,10 @@
 The stores opened from one connection share its KV store (and so its connection pool);
 closing the connection closes the KV store. ``open_sessions`` / ``open_memory`` /
 ``open_checkpointer`` are shortcuts that open a private connection owned by the store.
+
+One ownership rule everywhere: a store or connection closes only what it created. A KV
+store passed in stays open (its creator closes it); a ready client passed in is wrapped
+in a KV store that never closes the client.
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ class StoreConnection(AsyncCloseable):
 
     def __init__(self, url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> None:
         self.url: StoreURL | None = StoreURL.parse(url) if isinstance(url, str | StoreURL) else None
+        #: False when the caller passed a ready KV store: closing the connection leaves it open.
+        self.owns_kv = not isinstance(url, KVStore)
         self.kv: KVStore = open_kv(url, **kv_options)
 
     def __repr__(self) -> str:
         return f"<StoreConnection {self.url if self.url is not None else self.kv.describe()}>"
 
     async def aclose(self) -> None:
-        """Close the KV store. Stores opened from this connection stop working."""
-        await self.kv.aclose()
+        """Close the KV store if this connection opened it. Stores opened from it stop working."""
+        if self.owns_kv:
+            await self.kv.aclose()
 
     # Store constructors take ``(kv, *, owns_kv=False, **options)``: a store that owns its
     # KV closes it in its own ``aclose``; stores from a connection share the connection's.
@@ -98,15 +105,27 @@ def connect(url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> St
 
 
 def open_sessions(url: UrlLike | KVStore | Any | None = None, **options: Any) -> SessionStore:
-    """A session store on its own connection to ``url``; closing the store closes the connection."""
-    return connect(url).sessions(owns_kv=True, **options)
+    """A session store on its own connection to ``url``; closing the store closes the connection.
+
+    A KV store passed as ``url`` is not closed with the store (its creator closes it).
+    """
+    connection = connect(url)
+    return connection.sessions(owns_kv=connection.owns_kv, **options)
 
 
 def open_memory(url: UrlLike | KVStore | Any | None = None, **options: Any) -> KVMemoryStore:
-    """A memory store on its own connection to ``url``; closing the store closes the connection."""
-    return connect(url).memory(owns_kv=True, **options)
+    """A memory store on its own connection to ``url``; closing the store closes the connection.
+
+    A KV store passed as ``url`` is not closed with the store (its creator closes it).
+    """
+    connection = connect(url)
+    return connection.memory(owns_kv=connection.owns_kv, **options)
 
 
 def open_checkpointer(url: UrlLike | KVStore | Any | None = None, **options: Any) -> Checkpointer:
-    """A checkpointer on its own connection to ``url``; closing it closes the connection."""
-    return connect(url).checkpointer(owns_kv=True, **options)
+    """A checkpointer on its own connection to ``url``; closing it closes the connection.
+
+    A KV store passed as ``url`` is not closed with the checkpointer (its creator closes it).
+    """
+    connection = connect(url)
+    return connection.checkpointer(owns_kv=connection.owns_kv, **options)
