@@ -92,6 +92,21 @@ class MalformedURLError(ConfigError):
     default_code = ErrorCode.URL_MALFORMED
 
 
+class UnknownOptionError(ConfigError):
+    """An option (URL query parameter or keyword argument) that nothing understands."""
+
+    def __init__(self, where: str, unknown: list[str], valid: list[str]) -> None:
+        self.where = where
+        self.unknown = unknown
+        self.valid = valid
+        names = ", ".join(repr(n) for n in unknown)
+        choices = ", ".join(valid) if valid else "(none)"
+        plural = "s" if len(unknown) > 1 else ""
+        super().__init__(
+            detail=f"{where} does not understand the option{plural} {names}; valid: {choices}"
+        )
+
+
 class UnknownSchemeError(ConfigError):
     """No installed backend handles the URL's scheme."""
 

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from .errors import MalformedURLError
+from .errors import ConfigError, MalformedURLError, UnknownOptionError
 
 MASK = "***"
 
@@ -170,10 +170,70 @@ class StoreURL:
         """A copy with the given fields replaced (``scheme``, ``host``, ``password``, …)."""
         return replace(self, **changes)
 
-    @property
-    def has_secrets(self) -> bool:
-        """True when rendering would mask something."""
-        return self.password is not None or any(is_secret_query_key(k) for k, _ in self.query)
+    # -- typed query options: one parser for every backend --------------------------------
+
+    def check_query(self, *known: str) -> None:
+        """Raise :class:`UnknownOptionError` for a query parameter not in ``known``."""
+        unknown = sorted({k for k, _ in self.query} - set(known))
+        if unknown:
+            raise UnknownOptionError(f"{self.scheme}://", unknown, sorted(known))
+
+    def int_option(
+        self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+    ) -> int:
+        """Query parameter ``name`` as an integer within bounds (``default`` when absent)."""
+        raw = self.query_get(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ConfigError(detail=f"{name} must be an integer, got {raw!r}") from None
+        _check_bounds(name, value, minimum, maximum)
+        return value
+
+    def float_option(
+        self,
+        name: str,
+        default: float | None,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> float | None:
+        """Query parameter ``name`` as a number within bounds (``default`` when absent)."""
+        raw = self.query_get(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ConfigError(detail=f"{name} must be a number, got {raw!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(detail=f"{name} must be a finite number, got {raw!r}")
+        _check_bounds(name, value, minimum, maximum)
+        return value
+
+    def bool_option(self, name: str, default: bool) -> bool:
+        """Query parameter ``name`` as a boolean (true/false, 1/0, yes/no, on/off)."""
+        raw = self.query_get(name)
+        if raw is None:
+            return default
+        lowered = raw.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ConfigError(detail=f"{name} must be true or false, got {raw!r}")
+
+    def choice_option(self, name: str, default: str, choices: Iterable[str]) -> str:
+        """Query parameter ``name``, which must be one of ``choices``."""
+        raw = self.query_get(name)
+        if raw is None:
+            return default
+        allowed = list(choices)
+        if raw not in allowed:
+            raise ConfigError(detail=f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
+        return raw
 
     # -- rendering ----------------------------------------------------------------------
 
@@ -207,6 +267,28 @@ class StoreURL:
 
     def __repr__(self) -> str:
         return f"StoreURL({self.render()!r})"
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _check_bounds(name: str, value: float, minimum: float | None, maximum: float | None) -> None:
+    if minimum is not None and value < minimum:
+        raise ConfigError(detail=f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(detail=f"{name} must be <= {maximum}, got {value}")
+
+
+def check_options(where: str, options: Mapping[str, object], *known: str) -> None:
+    """Raise :class:`UnknownOptionError` for a keyword option not in ``known``.
+
+    Backends call it on the keyword options their factory receives, so a misspelt option
+    fails the same way on every backend instead of being silently dropped.
+    """
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise UnknownOptionError(where, unknown, sorted(known))
 
 
 def _safe_reason(exc: Exception, text: str) -> str:

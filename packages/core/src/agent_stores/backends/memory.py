@@ -3,17 +3,20 @@
 Stores opened with the same URL in one process share their data (like a SQLite file),
 so two store objects behave like two clients of one server. Every operation runs
 without awaiting inside the critical section, and a thread lock guards the data, so it
-is safe for any number of tasks, event loops and threads.
+is safe for any number of tasks, event loops and threads. Like a network round trip,
+every operation first yields to the event loop (``_round_trip``), so concurrent tasks
+really interleave between a read and the write that depends on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError, ConflictError
+from ..errors import ConflictError
 from ..kv.base import (
     Check,
     Clock,
@@ -28,7 +31,7 @@ from ..kv.base import (
     ScanItem,
     new_version,
 )
-from ..url import StoreURL
+from ..url import StoreURL, check_options
 
 DEFAULT_MAX_VALUE_BYTES = 4 << 20
 
@@ -79,17 +82,9 @@ class MemoryKV(KVStore):
     def from_url(cls, url: StoreURL, **options: object) -> MemoryKV:
         """``memory://`` (shared default space) or ``memory://NAME``; ``?max_value_bytes=N``."""
         name = (url.host or "") + url.path.strip("/")
-        raw = url.query_get("max_value_bytes")
-        unknown = {k for k, _ in url.query} - {"max_value_bytes"}
-        if unknown:
-            raise ConfigError(
-                detail=f"memory:// does not understand query option(s) {sorted(unknown)}"
-            )
-        max_value = DEFAULT_MAX_VALUE_BYTES
-        if raw is not None:
-            if not raw.isdigit() or int(raw) < 1024:
-                raise ConfigError(detail=f"max_value_bytes must be an integer >= 1024, got {raw!r}")
-            max_value = int(raw)
+        url.check_query("max_value_bytes")
+        check_options("memory://", options, "clock")
+        max_value = url.int_option("max_value_bytes", DEFAULT_MAX_VALUE_BYTES)
         clock = options.get("clock")
         return cls(name, max_value_bytes=max_value, clock=clock if callable(clock) else None)
 
@@ -130,14 +125,21 @@ class MemoryKV(KVStore):
         del self._space.scope_names[bisect_left(self._space.scope_names, scope)]
         return len(s.entries)
 
+    async def _round_trip(self) -> None:
+        # A server round trip suspends the caller; without it, a read-then-CAS loop
+        # on memory:// would never see another task's write in between.
+        await asyncio.sleep(0)
+
     # -- primitives -----------------------------------------------------------------------
 
     async def _get(self, scope: str, key: str) -> Entry | None:
+        await self._round_trip()
         with self._space.lock:
             s = self._space.scopes.get(scope)
             return s.entries.get(key) if s else None
 
     async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
+        await self._round_trip()
         with self._space.lock:
             s = self._space.scopes.get(scope)
             if s is None:
@@ -147,6 +149,7 @@ class MemoryKV(KVStore):
     async def _create(
         self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
     ) -> str:
+        await self._round_trip()
         with self._space.lock:
             if self._live(scope, key, now) is not None:
                 raise ConflictError("key exists", scope=scope, key=key)
@@ -163,6 +166,7 @@ class MemoryKV(KVStore):
         expires_at: float | None,
         now: float,
     ) -> str:
+        await self._round_trip()
         with self._space.lock:
             current = self._live(scope, key, now)
             if current is None or current.version != expected_version:
@@ -172,6 +176,7 @@ class MemoryKV(KVStore):
             return version
 
     async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        await self._round_trip()
         with self._space.lock:
             current = self._live(scope, key, now)
             if current is None:
@@ -185,6 +190,7 @@ class MemoryKV(KVStore):
     async def _scan(
         self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
     ) -> list[ScanItem]:
+        await self._round_trip()
         with self._space.lock:
             s = self._space.scopes.get(scope)
             if s is None:
@@ -208,6 +214,7 @@ class MemoryKV(KVStore):
     async def _scopes(
         self, prefix: str, start_after: str | None, limit: int, now: float
     ) -> list[str]:
+        await self._round_trip()
         with self._space.lock:
             names = self._space.scope_names
             lo = max(
@@ -225,10 +232,12 @@ class MemoryKV(KVStore):
             return out
 
     async def _drop_scope(self, scope: str) -> int:
+        await self._round_trip()
         with self._space.lock:
             return self._drop(scope)
 
     async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        await self._round_trip()
         with self._space.lock:
             for index, op in enumerate(ops):
                 current = self._live(scope, op.key, now)

@@ -39,7 +39,7 @@ from ..kv.base import (
     new_version,
     prefix_upper_bound,
 )
-from ..url import StoreURL
+from ..url import StoreURL, check_options
 
 T = TypeVar("T")
 
@@ -90,8 +90,12 @@ class SQLiteKV(KVStore):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(clock=clock)
-        self.path = str(path)
+        if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
+            raise ConfigError(
+                detail=f"busy_timeout_ms must be an integer >= 0, got {busy_timeout_ms!r}"
+            )
         self.limits = KVLimits(max_value_bytes=max_value_bytes)
+        self.path = str(path)
         self._busy_timeout_ms = busy_timeout_ms
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
@@ -106,19 +110,17 @@ class SQLiteKV(KVStore):
         path = url.path[1:] if url.path.startswith("/") else url.path
         if not path:
             raise ConfigError(detail=f"{url}: missing file path, e.g. sqlite:///agent.db")
-        known = {"max_value_bytes", "busy_timeout_ms"}
-        unknown = {k for k, _ in url.query} - known
-        if unknown:
-            raise ConfigError(
-                detail=f"sqlite:// does not understand query option(s) {sorted(unknown)}"
-            )
-        kwargs: dict[str, Any] = {}
-        for name in known:
-            raw = url.query_get(name)
-            if raw is not None:
-                if not raw.isdigit():
-                    raise ConfigError(detail=f"{name} must be a non-negative integer, got {raw!r}")
-                kwargs[name] = int(raw)
+        url.check_query("max_value_bytes", "busy_timeout_ms")
+        check_options("sqlite://", options, "clock", "max_value_bytes", "busy_timeout_ms")
+        kwargs: dict[str, Any] = {
+            name: options[name]
+            for name in ("max_value_bytes", "busy_timeout_ms")
+            if name in options
+        }
+        if url.query_get("max_value_bytes") is not None:
+            kwargs["max_value_bytes"] = url.int_option("max_value_bytes", 0)
+        if url.query_get("busy_timeout_ms") is not None:
+            kwargs["busy_timeout_ms"] = url.int_option("busy_timeout_ms", 0)
         clock = options.get("clock")
         return cls(path, clock=clock if callable(clock) else None, **kwargs)
 

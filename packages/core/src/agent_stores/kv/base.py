@@ -25,7 +25,13 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..errors import InvalidIdError, ResourceClosedError, UnsupportedError, ValueTooLargeError
+from ..errors import (
+    ConfigError,
+    InvalidIdError,
+    ResourceClosedError,
+    UnsupportedError,
+    ValueTooLargeError,
+)
 from ..lifecycle import AsyncCloseable
 
 Clock = Callable[[], float]
@@ -52,6 +58,10 @@ class ScanItem:
     entry: Entry | None
 
 
+MIN_VALUE_BYTES = 1024
+"""The smallest per-entry size limit a backend (or a ``max_value_bytes`` option) may set."""
+
+
 @dataclass(frozen=True, slots=True)
 class KVLimits:
     """What a backend can hold. Stores size their records from these numbers."""
@@ -59,6 +69,14 @@ class KVLimits:
     max_value_bytes: int
     max_scope_chars: int = 512
     max_key_chars: int = 512
+
+    def __post_init__(self) -> None:
+        # One check for every backend: below this the stores cannot hold their own records.
+        if not isinstance(self.max_value_bytes, int) or self.max_value_bytes < MIN_VALUE_BYTES:
+            raise ConfigError(
+                detail=f"max_value_bytes must be an integer >= {MIN_VALUE_BYTES}, "
+                f"got {self.max_value_bytes!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
