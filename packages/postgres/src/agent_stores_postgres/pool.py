@@ -18,6 +18,14 @@ socket: an idle connection has nothing to read unless the server closed it (for
 ``pg_terminate_backend``, a restart or a crash the server sends a FATAL message and/or
 EOF). Dead connections are discarded before any statement is sent on them, which is what
 makes a write after a killed connection unambiguous.
+
+A caller waiting for a connection does not sit out ``pool_timeout`` when the server
+cannot be connected to: every generation's connections are opened through a class that
+reports each failed connect, and that failure (connection refused, unknown host, a
+missing role, a rejected password, a bad ``sslmode``) is raised to every caller waiting
+at that moment, within libpq's ``connect_timeout``. A caller arriving while the last
+attempt failed and no connection is open makes one fresh attempt itself (one at a time),
+so it gets the current cause rather than waiting for the pool's next backoff retry.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import select
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import psycopg
 from psycopg import AsyncConnection, pq
@@ -67,12 +75,72 @@ def connection_is_dead(conn: AsyncConnection[Any]) -> bool:
     return True
 
 
+class ConnectFailures:
+    """The connect failures of one pool, handed to the callers waiting for a connection.
+
+    ``last`` is the most recent failure since the last successful connect (None when the
+    last attempt worked). Waiters :meth:`watch` a future that resolves with the next
+    failure.
+    """
+
+    def __init__(self) -> None:
+        self.last: BaseException | None = None
+        self._waiters: set[asyncio.Future[BaseException]] = set()
+        self.probe_lock = asyncio.Lock()
+
+    def report(self, exc: BaseException) -> None:
+        self.last = exc
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(exc)
+        self._waiters.clear()
+
+    def connected(self) -> None:
+        self.last = None
+
+    def watch(self) -> asyncio.Future[BaseException]:
+        waiter: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        return waiter
+
+    def unwatch(self, waiter: asyncio.Future[BaseException]) -> None:
+        self._waiters.discard(waiter)
+
+
+def reporting_connection_class(failures: ConnectFailures) -> type[AsyncConnection[Any]]:
+    """An ``AsyncConnection`` whose failed ``connect`` is reported to ``failures``.
+
+    Passed to the pool as its documented ``connection_class``; the pool itself only logs
+    these errors, which is why they are captured here.
+    """
+
+    class ReportingConnection(AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            try:
+                conn = await super().connect(conninfo, **kwargs)
+            except psycopg.Error as exc:
+                failures.report(exc)
+                raise
+            failures.connected()
+            return conn
+
+    return ReportingConnection
+
+
+def _fresh_error(exc: BaseException) -> psycopg.OperationalError:
+    # One failure can reach several waiters: each gets its own exception object (raising
+    # one instance from several tasks would splice their tracebacks together).
+    return psycopg.OperationalError(str(exc))
+
+
 @dataclass
 class _Generation:
     loop: asyncio.AbstractEventLoop
     pool: AsyncConnectionPool[AsyncConnection[Any]]
     connections: weakref.WeakSet[AsyncConnection[Any]] = field(default_factory=weakref.WeakSet)
     guard: asyncio.Task[None] | None = None
+    failures: ConnectFailures = field(default_factory=ConnectFailures)
 
 
 class LoopBoundPool:
@@ -140,7 +208,13 @@ class LoopBoundPool:
             self._generation = None
             await self._retire(generation, loop)
         tracked: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
-        fresh = _Generation(loop=loop, pool=self._new_pool(tracked), connections=tracked)
+        failures = ConnectFailures()
+        fresh = _Generation(
+            loop=loop,
+            pool=self._new_pool(tracked, failures),
+            connections=tracked,
+            failures=failures,
+        )
         await fresh.pool.open(wait=False)
         if self._generation is not None and self._generation.loop is loop:
             # Another task opened one while we awaited: keep theirs.
@@ -153,7 +227,7 @@ class LoopBoundPool:
         return fresh.pool
 
     def _new_pool(
-        self, tracked: weakref.WeakSet[AsyncConnection[Any]]
+        self, tracked: weakref.WeakSet[AsyncConnection[Any]], failures: ConnectFailures
     ) -> AsyncConnectionPool[AsyncConnection[Any]]:
         async def configure(conn: AsyncConnection[Any]) -> None:
             tracked.add(conn)
@@ -166,6 +240,7 @@ class LoopBoundPool:
             timeout=self._timeout,
             name=self._name,
             configure=configure,
+            connection_class=reporting_connection_class(failures),
             open=False,
         )
         return pool
@@ -210,13 +285,54 @@ class LoopBoundPool:
         # Bounded: each failed check discards one dead connection; a restarted server
         # leaves at most max_size of them.
         for _ in range(self.max_size + 1):
-            conn: AsyncConnection[Any] = await pool.getconn()
+            conn: AsyncConnection[Any] = await self._getconn(pool)
             if not connection_is_dead(conn):
                 return conn
             # The pool sees the broken status, drops the connection and opens a new one.
             await pool.putconn(conn)
-        conn = await pool.getconn()
+        conn = await self._getconn(pool)
         return conn
+
+    async def _getconn(self, pool: AsyncConnectionPool[Any]) -> AsyncConnection[Any]:
+        """``pool.getconn()``, cut short by a connect failure (raised with its cause)."""
+        generation = self._generation
+        if generation is None or generation.pool is not pool:
+            # A borrowed pool: its connect errors are not ours to see.
+            conn: AsyncConnection[Any] = await pool.getconn()
+            return conn
+        failures = generation.failures
+        failed = failures.watch()
+        getting = asyncio.ensure_future(pool.getconn())
+        try:
+            if failures.last is not None and not _any_open(generation.connections):
+                # The last attempt failed and nothing is open: the pool retries only after
+                # its backoff, so find out now whether the server is reachable again.
+                await self._probe(pool, failures)
+            await asyncio.wait({getting, failed}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            await _abandon(pool, getting)
+            raise
+        finally:
+            failures.unwatch(failed)
+        if getting.done():
+            got: AsyncConnection[Any] = getting.result()
+            return got
+        conn_late = await _abandon(pool, getting, keep=True)
+        if conn_late is not None:
+            return conn_late
+        raise _fresh_error(failed.result())
+
+    async def _probe(self, pool: AsyncConnectionPool[Any], failures: ConnectFailures) -> None:
+        """One connect attempt outside the pool; its outcome goes to ``failures``."""
+        if failures.probe_lock.locked():
+            return  # someone is probing already; their result reaches every waiter
+        async with failures.probe_lock:
+            kwargs = dict(self._kwargs)
+            try:
+                conn = await pool.connection_class.connect(self._conninfo, **kwargs)
+            except psycopg.Error:
+                return  # reported by the connection class
+            await conn.close()
 
     async def aclose(self) -> None:
         """Close the pool this object created (never a borrowed one). Idempotent."""
@@ -255,3 +371,25 @@ async def _close_on_loop_shutdown(
             if not conn.closed:
                 with contextlib.suppress(BaseException):
                     await conn.close()
+
+
+def _any_open(connections: weakref.WeakSet[AsyncConnection[Any]]) -> bool:
+    return any(not conn.closed for conn in list(connections))
+
+
+async def _abandon(
+    pool: AsyncConnectionPool[Any],
+    getting: asyncio.Future[AsyncConnection[Any]],
+    *,
+    keep: bool = False,
+) -> AsyncConnection[Any] | None:
+    """Cancel a pending ``getconn``; a connection it obtained anyway is kept or returned."""
+    getting.cancel()
+    await asyncio.wait({getting})
+    if getting.cancelled() or getting.exception() is not None:
+        return None
+    conn = getting.result()
+    if keep:
+        return conn
+    await pool.putconn(conn)
+    return None
