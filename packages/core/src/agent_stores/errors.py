@@ -95,16 +95,16 @@ class MalformedURLError(ConfigError):
 class UnknownOptionError(ConfigError):
     """An option (URL query parameter or keyword argument) that nothing understands."""
 
-    def __init__(self, where: str, unknown: list[str], valid: list[str]) -> None:
+    def __init__(
+        self, where: str, unknown: list[str], valid: list[str], *, kind: str = "option"
+    ) -> None:
         self.where = where
         self.unknown = unknown
         self.valid = valid
         names = ", ".join(repr(n) for n in unknown)
         choices = ", ".join(valid) if valid else "(none)"
         plural = "s" if len(unknown) > 1 else ""
-        super().__init__(
-            detail=f"{where} does not understand the option{plural} {names}; valid: {choices}"
-        )
+        super().__init__(detail=f"{where}: unknown {kind}{plural} {names}; valid: {choices}")
 
 
 class UnknownSchemeError(ConfigError):

@@ -176,7 +176,7 @@ class StoreURL:
         """Raise :class:`UnknownOptionError` for a query parameter not in ``known``."""
         unknown = sorted({k for k, _ in self.query} - set(known))
         if unknown:
-            raise UnknownOptionError(f"{self.scheme}://", unknown, sorted(known))
+            raise UnknownOptionError(self.render(), unknown, sorted(known), kind="query option")
 
     def int_option(
         self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
@@ -226,14 +226,15 @@ class StoreURL:
         raise ConfigError(detail=f"{name} must be true or false, got {raw!r}")
 
     def choice_option(self, name: str, default: str, choices: Iterable[str]) -> str:
-        """Query parameter ``name``, which must be one of ``choices``."""
+        """Query parameter ``name``, one of ``choices`` (compared case-insensitively)."""
         raw = self.query_get(name)
         if raw is None:
             return default
         allowed = list(choices)
-        if raw not in allowed:
-            raise ConfigError(detail=f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
-        return raw
+        for choice in allowed:
+            if raw.strip().lower() == choice.lower():
+                return choice
+        raise ConfigError(detail=f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
 
     # -- rendering ----------------------------------------------------------------------
 
