@@ -60,9 +60,6 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_SCHEMA_CHARS = 63
 MAX_TABLE_PREFIX_CHARS = 40
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
 
 def validate_identifier(kind: str, value: str, max_chars: int) -> str:
     """Return ``value`` if it is a plain SQL identifier; raise :class:`ConfigError` otherwise.
@@ -163,56 +160,44 @@ class PostgresConfig:
         if dbname:
             conninfo["dbname"] = dbname
 
-        store: dict[str, str] = {}
+        # Everything else in the query goes to libpq, which must know it: a misspelt
+        # option fails here, not as a connection error later.
+        url.check_query(*STORE_OPTIONS, *libpq_keywords())
         for name, value in url.query:
-            if name in STORE_OPTIONS:
-                store[name] = value
-            else:
+            if name not in STORE_OPTIONS:
                 conninfo[name] = value
         conninfo.setdefault("application_name", DEFAULT_APPLICATION_NAME)
         conninfo.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
-
-        kwargs: dict[str, Any] = {}
-        if "schema" in store:
-            kwargs["schema"] = store["schema"]
-        if "table" in store:
-            kwargs["table"] = store["table"]
-        for name in ("min_size", "max_size", "max_value_bytes"):
-            if name in store:
-                kwargs[name] = _parse_int(name, store[name])
-        for name in ("pool_timeout", "purge_interval"):
-            if name in store:
-                kwargs[name] = _parse_float(name, store[name])
-        if "auto_setup" in store:
-            kwargs["auto_setup"] = _parse_bool("auto_setup", store["auto_setup"])
-        if "prepare_threshold" in store:
-            raw = store["prepare_threshold"]
-            kwargs["prepare_threshold"] = (
-                None if raw.lower() in {"none", "off"} else _parse_int("prepare_threshold", raw)
-            )
+        kwargs = _store_options(url)
         kwargs.update(overrides)
         display = url.without_query(*(k for k in STORE_OPTIONS if k not in {"schema", "table"}))
         return cls(conninfo=conninfo, display=display.render(), **kwargs)
 
 
-def _parse_int(name: str, raw: str) -> int:
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(detail=f"postgresql: {name} must be an integer, got {raw!r}") from None
+def libpq_keywords() -> frozenset[str]:
+    """The connection options the installed libpq understands (``sslmode``, …)."""
+    from psycopg import pq
+
+    return frozenset(o.keyword.decode() for o in pq.Conninfo.get_defaults())
 
 
-def _parse_float(name: str, raw: str) -> float:
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(detail=f"postgresql: {name} must be a number, got {raw!r}") from None
-
-
-def _parse_bool(name: str, raw: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ConfigError(detail=f"postgresql: {name} must be true or false, got {raw!r}")
+def _store_options(url: StoreURL) -> dict[str, Any]:
+    """The query options meant for the store, through the shared typed accessors."""
+    kwargs: dict[str, Any] = {}
+    for name in ("schema", "table"):
+        value = url.query_get(name)
+        if value is not None:
+            kwargs[name] = value
+    for name in ("min_size", "max_size", "max_value_bytes"):
+        if url.query_get(name) is not None:
+            kwargs[name] = url.int_option(name, 0)
+    for name in ("pool_timeout", "purge_interval"):
+        if url.query_get(name) is not None:
+            kwargs[name] = url.float_option(name, None)
+    if url.query_get("auto_setup") is not None:
+        kwargs["auto_setup"] = url.bool_option("auto_setup", True)
+    raw = url.query_get("prepare_threshold")
+    if raw is not None:
+        off = raw.strip().lower() in {"none", "off"}
+        kwargs["prepare_threshold"] = None if off else url.int_option("prepare_threshold", 0)
+    return kwargs
