@@ -1,8 +1,9 @@
 """The ``agent-stores`` command line.
 
 Sub-commands live in their own modules and are imported only when invoked (the group
-maps names to import strings), so ``agent-stores --help`` stays fast and a broken
-optional dependency only affects its own command.
+maps names to import strings and short help lines), so ``agent-stores --help`` lists
+them without importing any, and a broken optional dependency only affects its own
+command. ``tests/test_cli_startup.py`` checks which modules a listing imports.
 """
 
 from __future__ import annotations
@@ -17,32 +18,34 @@ import click
 from .. import __version__
 from ..errors import AppError
 
-#: command name -> "module:attribute" (a click command), imported on use.
+#: command name -> ("module:attribute" of a click command, short help for the listing).
+#: The short help is shown as is: keep it under ``SHORT_HELP_MAX`` characters.
 COMMANDS: dict[str, tuple[str, str]] = {
     "backends": (
         "agent_stores.cli.backends:backends",
-        "List installed backends, their schemes and plugin load errors.",
+        "List installed backends and plugin load errors.",
     ),
     "check": (
         "agent_stores.cli.check:check",
-        "Connect to a URL and time a CAS round trip in a throwaway scope.",
+        "Time a CAS round trip on a URL in a throwaway scope.",
     ),
-    "setup": (
-        "agent_stores.cli.admin:setup",
-        "Create the backend's tables or schema (idempotent).",
-    ),
+    "setup": ("agent_stores.cli.admin:setup", "Create the backend's tables or schema."),
     "purge": (
         "agent_stores.cli.admin:purge",
-        "Delete expired entries the backend does not collect itself.",
+        "Delete expired entries the backend does not collect.",
     ),
-    "demo": (
-        "agent_stores.cli.demo:demo",
-        "Run the scripted agent demo on the embedded default (no API key).",
-    ),
-    "sessions": ("agent_stores.cli.sessions:sessions", "Inspect and repair session stores."),
+    "demo": ("agent_stores.cli.demo:demo", "Run the scripted agent demo (no API key)."),
+    "sessions": ("agent_stores.cli.sessions:sessions", "Inspect and repair sessions."),
     "memory": ("agent_stores.cli.memory:memory", "Browse and edit memory files."),
     "runs": ("agent_stores.cli.runs:runs", "List, show and delete checkpointed runs."),
+    "copy": (
+        "agent_stores.cli.copy:copy",
+        "Copy sessions, memory and runs to another backend.",
+    ),
 }
+
+#: Longest short help that fits the listing beside the longest name in 80 columns.
+SHORT_HELP_MAX = 60
 
 
 class LazyGroup(click.Group):
@@ -55,6 +58,21 @@ class LazyGroup(click.Group):
             if importlib.util.find_spec(module) is not None:
                 out[name] = (target, help_text)
         return out
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list from :data:`COMMANDS`: listing imports no command module."""
+        rows = []
+        available = self._available()
+        for name in self.list_commands(ctx):
+            if name in available:
+                rows.append((name, available[name][1]))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(SHORT_HELP_MAX)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self._available()))

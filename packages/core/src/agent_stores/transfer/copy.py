@@ -1,0 +1,420 @@
+"""Copy sessions, memory and runs between two backends, record by record.
+
+The unit of copying is a KV *scope*: one session, one memory directory, one run (plus the
+run listing and lineage indexes). Every store keeps all the records of such a unit in its
+scope and builds them only on the public :class:`~agent_stores.kv.KVStore` contract, so
+copying the entries of a scope through that contract (``scan`` on the source,
+``create`` / ``replace`` on the destination) carries everything a store wrote, byte for
+byte: histories and recovery latches, memory versions, metadata and operation receipts,
+journals, snapshots and tool effects. It works for every backend that implements the
+contract, third-party ones included.
+
+Why this is safe while the source is in use:
+
+* a scope is read twice; it counts as copied only when both reads saw the same entry
+  versions (versions are never reused, so nothing changed in between), else it is
+  copied again;
+* a session whose lease is held (a turn is running) is not copied; it is retried later,
+  and reported as busy when the lease is still held after ``busy_timeout`` seconds;
+* chunks are written before the head records that reference them.
+
+Why a rerun resumes: a destination entry equal to the source one (value, and expiry to
+within a second) is left alone, a different one is replaced, a missing one created. The
+destination is never deleted from, so copying into a store that has other data loses
+nothing of it (the source wins for records present on both sides).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AppError, ConflictError
+from ..kv.base import Entry, KVStore
+
+if TYPE_CHECKING:
+    from ..sessions import SessionStore
+
+#: The kinds of data, in the order they are copied.
+KINDS: tuple[str, ...] = ("sessions", "memory", "runs")
+
+#: Expiries closer than this count as equal (backends keep them at different precisions).
+EXPIRY_TOLERANCE = 1.0
+_PAGE = 500
+# Keys of immutable chunks (sessions ``h/``, memory ``~c/``, runs ``x/`` and ``m/``) go
+# first and head records last, so a copy cut short never leaves a head without its chunks.
+_CHUNK_PREFIXES = ("~", "h/", "x/", "m/")
+_HEAD_KEYS = frozenset({"state", "run", "sp"})
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each kind lives: the scope prefixes of the stores' default options."""
+
+    sessions: str = "session:"
+    memory: str = "memory:"
+    runs_namespace: str = "cp"
+
+    def prefix(self, kind: str) -> str:
+        if kind == "sessions":
+            return self.sessions
+        if kind == "memory":
+            return self.memory
+        if kind == "runs":
+            return f"{self.runs_namespace}/"
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+@dataclass(slots=True)
+class KindStats:
+    """What a copy (or a dry run, or a verification) did for one kind."""
+
+    scopes: int = 0
+    records: int = 0
+    bytes: int = 0
+    created: int = 0
+    updated: int = 0
+    identical: int = 0
+    busy: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    mismatches: list[tuple[str, str, str]] = field(default_factory=list)
+    extra: int = 0
+    """Verification: records present only in the destination (not an error)."""
+
+
+@dataclass(slots=True)
+class TransferReport:
+    """The outcome per kind; ``ok`` is False when anything was busy, failed or differs."""
+
+    kinds: dict[str, KindStats]
+    dry_run: bool = False
+    verified: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(s.busy or s.failed or s.mismatches for s in self.kinds.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One unit done: sent to the ``progress`` callback."""
+
+    kind: str
+    scope: str
+    records: int
+    bytes: int
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+class _Busy(Exception):
+    """The session is held by a turn; try again later."""
+
+
+class _Changing(Exception):
+    """The scope kept changing while it was read."""
+
+
+class Transfer:
+    """Copies (or counts, or verifies) the data of ``src`` into ``dst``.
+
+    ``src_sessions`` is the source's session store, used only to see whether a session is
+    leased (``inspect``); without it sessions are copied without that check.
+    """
+
+    def __init__(
+        self,
+        src: KVStore,
+        dst: KVStore,
+        *,
+        kinds: Sequence[str] = KINDS,
+        layout: Layout | None = None,
+        src_sessions: SessionStore | None = None,
+        jobs: int = 8,
+        busy_timeout: float = 30.0,
+        progress: ProgressCallback | None = None,
+        describe_error: Callable[[str], str] = str,
+    ) -> None:
+        unknown = [k for k in kinds if k not in KINDS]
+        if unknown:
+            raise ValueError(f"unknown kind(s) {unknown}; expected some of {', '.join(KINDS)}")
+        if jobs < 1:
+            raise ValueError("jobs must be >= 1")
+        self.src = src
+        self.dst = dst
+        self.kinds = [k for k in KINDS if k in kinds]
+        self.layout = layout or Layout()
+        self.src_sessions = src_sessions
+        self.jobs = jobs
+        self.busy_timeout = busy_timeout
+        self.progress = progress
+        self._describe_error = describe_error
+
+    # -- planning -------------------------------------------------------------------------
+
+    async def plan(self) -> dict[str, list[str]]:
+        """The source scopes of every selected kind, in copy order."""
+        out: dict[str, list[str]] = {}
+        for kind in self.kinds:
+            scopes = await _all_scopes(self.src, self.layout.prefix(kind))
+            if kind == "runs":
+                # A run's own scope before the listing and lineage entries that point at it.
+                run_prefix = f"{self.layout.runs_namespace}/run/"
+                scopes.sort(key=lambda s: (not s.startswith(run_prefix), s))
+            out[kind] = scopes
+        return out
+
+    # -- copy -----------------------------------------------------------------------------
+
+    async def copy(
+        self, *, dry_run: bool = False, plan: dict[str, list[str]] | None = None
+    ) -> TransferReport:
+        """Copy every scope of the plan (``dry_run``: only count what would change)."""
+        started = time.monotonic()
+        plan = plan if plan is not None else await self.plan()
+        report = TransferReport({k: KindStats() for k in plan}, dry_run=dry_run)
+        for kind, scopes in plan.items():
+            stats = report.kinds[kind]
+            deferred = await self._run_all(kind, scopes, stats, dry_run)
+            deadline = time.monotonic() + self.busy_timeout
+            delay = 0.05
+            while deferred and time.monotonic() < deadline:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                deferred = await self._run_all(kind, deferred, stats, dry_run)
+            stats.busy.extend(deferred)
+        report.seconds = time.monotonic() - started
+        return report
+
+    async def _run_all(
+        self, kind: str, scopes: Sequence[str], stats: KindStats, dry_run: bool
+    ) -> list[str]:
+        """Copy ``scopes`` ``jobs`` at a time; returns the busy ones."""
+        semaphore = asyncio.Semaphore(self.jobs)
+        busy: list[str] = []
+
+        async def one(scope: str) -> None:
+            async with semaphore:
+                try:
+                    await self._copy_scope(kind, scope, stats, dry_run)
+                except _Busy:
+                    busy.append(scope)
+                except _Changing:
+                    busy.append(scope)
+                except (AppError, ValueError, OSError) as exc:
+                    stats.failed.append((scope, self._describe_error(f"{exc}")))
+
+        await asyncio.gather(*(one(s) for s in scopes))
+        return sorted(busy)
+
+    async def _copy_scope(self, kind: str, scope: str, stats: KindStats, dry_run: bool) -> None:
+        for _ in range(5):
+            await self._check_lease(kind, scope)
+            source = await _snapshot(self.src, scope)
+            target = await _snapshot(self.dst, scope)
+            plan = _diff(source, target)
+            if not dry_run:
+                await self._apply(scope, source, target, plan)
+            again = await _snapshot(self.src, scope)
+            await self._check_lease(kind, scope)
+            if _versions(again) != _versions(source):
+                continue
+            stats.scopes += 1
+            stats.records += len(source)
+            size = sum(len(e.value) for e in source.values())
+            stats.bytes += size
+            stats.created += sum(1 for a in plan.values() if a == "create")
+            stats.updated += sum(1 for a in plan.values() if a == "replace")
+            stats.identical += len(source) - len(plan)
+            if self.progress is not None:
+                self.progress(Progress(kind, scope, len(source), size))
+            return
+        raise _Changing(scope)
+
+    async def _check_lease(self, kind: str, scope: str) -> None:
+        if kind != "sessions" or self.src_sessions is None:
+            return
+        session_id = scope[len(self.layout.sessions) :]
+        try:
+            info = await self.src_sessions.inspect(session_id)
+        except ValueError:
+            return  # not a session id the store accepts: copy the scope as data
+        if info is not None and info.lease_active(self.src.clock()):
+            raise _Busy(scope)
+
+    async def _apply(
+        self, scope: str, source: dict[str, Entry], target: dict[str, Entry], plan: dict[str, str]
+    ) -> None:
+        for key in sorted(plan, key=_write_order):
+            entry = source[key]
+            ttl = _ttl(entry, self.dst.clock())
+            if ttl is not None and ttl <= 0:
+                continue  # expired on the way: the source no longer has it either
+            current = target.get(key)
+            for _ in range(3):
+                try:
+                    if current is None:
+                        await self.dst.create(scope, key, entry.value, ttl=ttl)
+                    else:
+                        await self.dst.replace(
+                            scope, key, entry.value, expected_version=current.version, ttl=ttl
+                        )
+                    break
+                except ConflictError:
+                    # Someone wrote the destination meanwhile: take its current version.
+                    current = await self.dst.get(scope, key)
+                    if current is not None and _same(entry, current):
+                        break
+            else:
+                raise ConflictError(
+                    detail=f"{scope!r}/{key!r} kept changing in the destination", key=key
+                )
+
+    # -- verification ---------------------------------------------------------------------
+
+    async def verify(self, *, plan: dict[str, list[str]] | None = None) -> TransferReport:
+        """Compare every source record with the destination's (value and expiry)."""
+        started = time.monotonic()
+        plan = plan if plan is not None else await self.plan()
+        report = TransferReport({k: KindStats() for k in plan}, verified=True)
+        for kind, scopes in plan.items():
+            stats = report.kinds[kind]
+            semaphore = asyncio.Semaphore(self.jobs)
+
+            async def one(
+                scope: str,
+                kind: str = kind,
+                stats: KindStats = stats,
+                semaphore: asyncio.Semaphore = semaphore,
+            ) -> None:
+                async with semaphore:
+                    try:
+                        source = await _snapshot(self.src, scope)
+                        target = await _snapshot(self.dst, scope)
+                    except (AppError, ValueError, OSError) as exc:
+                        stats.failed.append((scope, self._describe_error(f"{exc}")))
+                        return
+                    stats.scopes += 1
+                    stats.records += len(source)
+                    size = sum(len(e.value) for e in source.values())
+                    stats.bytes += size
+                    for key, entry in source.items():
+                        other = target.get(key)
+                        if other is None:
+                            stats.mismatches.append((scope, key, "missing in destination"))
+                        elif other.value != entry.value:
+                            stats.mismatches.append((scope, key, "different value"))
+                        elif not _same_expiry(entry, other):
+                            stats.mismatches.append((scope, key, "different expiry"))
+                        else:
+                            stats.identical += 1
+                    stats.extra += sum(1 for key in target if key not in source)
+                    if self.progress is not None:
+                        self.progress(Progress(kind, scope, len(source), size))
+
+            await asyncio.gather(*(one(s) for s in scopes))
+            stats.mismatches.sort()
+        report.seconds = time.monotonic() - started
+        return report
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+async def _all_scopes(kv: KVStore, prefix: str) -> list[str]:
+    out: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = await kv.scopes(prefix=prefix, start_after=cursor, limit=_PAGE)
+        out.extend(page)
+        if len(page) < _PAGE:
+            return out
+        cursor = page[-1]
+
+
+async def _snapshot(kv: KVStore, scope: str) -> dict[str, Entry]:
+    out: dict[str, Entry] = {}
+    async for item in kv.iter_scan(scope, page_size=_PAGE, values=True):
+        if item.entry is not None:
+            out[item.key] = item.entry
+    return out
+
+
+def _versions(entries: dict[str, Entry]) -> dict[str, str]:
+    return {k: e.version for k, e in entries.items()}
+
+
+def _diff(source: dict[str, Entry], target: dict[str, Entry]) -> dict[str, str]:
+    """``key -> "create" | "replace"`` for every source entry the destination lacks or differs in."""
+    plan: dict[str, str] = {}
+    for key, entry in source.items():
+        other = target.get(key)
+        if other is None:
+            plan[key] = "create"
+        elif not _same(entry, other):
+            plan[key] = "replace"
+    return plan
+
+
+def _same(a: Entry, b: Entry) -> bool:
+    return a.value == b.value and _same_expiry(a, b)
+
+
+def _same_expiry(a: Entry, b: Entry) -> bool:
+    if a.expires_at is None or b.expires_at is None:
+        return a.expires_at is None and b.expires_at is None
+    return abs(a.expires_at - b.expires_at) <= EXPIRY_TOLERANCE
+
+
+def _ttl(entry: Entry, now: float) -> float | None:
+    return None if entry.expires_at is None else entry.expires_at - now
+
+
+def _write_order(key: str) -> tuple[int, str]:
+    if key.startswith(_CHUNK_PREFIXES):
+        return (0, key)
+    if key in _HEAD_KEYS or key.startswith("head/"):
+        return (2, key)
+    return (1, key)
+
+
+def parse_kinds(values: Iterable[str]) -> list[str]:
+    """``["sessions,memory", "runs"]`` -> the kinds, validated; empty means all."""
+    kinds: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            name = part.strip().lower()
+            if not name:
+                continue
+            if name not in KINDS:
+                raise ValueError(f"unknown kind {name!r}; expected some of {', '.join(KINDS)}")
+            if name not in kinds:
+                kinds.append(name)
+    return kinds or list(KINDS)
+
+
+def summary_rows(report: TransferReport) -> list[dict[str, Any]]:
+    """One plain row per kind, for tables and JSON."""
+    rows = []
+    for kind, s in report.kinds.items():
+        rows.append(
+            {
+                "kind": kind,
+                "units": s.scopes,
+                "records": s.records,
+                "bytes": s.bytes,
+                "created": s.created,
+                "updated": s.updated,
+                "identical": s.identical,
+                "busy": len(s.busy),
+                "failed": len(s.failed),
+                "mismatches": len(s.mismatches),
+                "only_in_destination": s.extra,
+            }
+        )
+    return rows
