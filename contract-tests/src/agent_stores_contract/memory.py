@@ -874,7 +874,7 @@ class MemoryContract(ContractBase):
                     f"{label}-{k}",
                     crashed,
                 )
-            collector = memory_factory(kv, **options, chunk_grace=0)
+            collector = memory_factory(kv, **options, chunk_grace_seconds=0)
             await collector.collect_garbage(f"u/{label}")
             for k in range(writes + 1):
                 whole = await read_whole(collector, f"u/{label}/k{k}/MEMORY.md")
@@ -929,7 +929,7 @@ class MemoryContract(ContractBase):
         tombstones expire, an old operation id is forgotten, and only live records and directory markers remain
         (layout of KVMemoryStore)."""
         counting = CountingKV(kv)
-        store = memory_factory(counting, max_receipts_per_file=4, receipt_ttl=60)
+        store = memory_factory(counting, max_receipts_per_file=4, receipt_ttl_seconds=60)
         version = (
             await store.write("u/main/a.md", "c", expected_version=None, operation=op("0"))
         ).version

@@ -224,7 +224,7 @@ async def test_corrupt_record_is_reported_not_overwritten() -> None:
 
 async def test_collect_garbage_removes_only_old_orphans() -> None:
     kv = open_kv(f"memory://gc-{_name()}?max_value_bytes=1024")
-    store = KVMemoryStore(kv, chunk_grace=60)
+    store = KVMemoryStore(kv, chunk_grace_seconds=60)
     await store.write("u/main/a.md", "z" * 5000, expected_version=None)
     scope = store.directory_scope("u/main")
     now = int(kv.clock())

@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..kv.base import Entry, KVStore, new_version
 from ..lifecycle import AsyncCloseable
+from ..options import UNSET, renamed_option
 from ._harness import (
     MemoryConflictError,
     MemoryFile,
@@ -102,14 +103,15 @@ class KVMemoryStore(AsyncCloseable):
         owns_kv: close ``kv`` in :meth:`aclose`.
         scope_prefix: prepended to every KV scope this store uses, so several memory stores
             (or other stores) can share one KV store.
-        receipt_ttl: seconds an operation receipt is kept for replay; tombstones and index
-            entries expire after it, and older receipts are dropped from file records.
+        receipt_ttl_seconds: seconds an operation receipt is kept for replay; tombstones
+            and index entries expire after it, and older receipts are dropped from file
+            records (``receipt_ttl`` is its deprecated name).
         max_receipts_per_file: receipts a file record keeps (the newest ones).
         max_record_bytes: cap on one KV value, below the backend's own limit; larger files
             are split into chunks, never truncated.
         page_size: keys read per scan page.
-        chunk_grace: seconds before an unreferenced chunk (left by a crash) may be
-            collected by :meth:`collect_garbage`.
+        chunk_grace_seconds: seconds before an unreferenced chunk (left by a crash) may be
+            collected by :meth:`collect_garbage` (``chunk_grace`` is its deprecated name).
     """
 
     def __init__(
@@ -118,16 +120,24 @@ class KVMemoryStore(AsyncCloseable):
         *,
         owns_kv: bool = False,
         scope_prefix: str = DEFAULT_SCOPE_PREFIX,
-        receipt_ttl: float = DEFAULT_RECEIPT_TTL,
+        receipt_ttl_seconds: float = DEFAULT_RECEIPT_TTL,
         max_receipts_per_file: int = DEFAULT_MAX_RECEIPTS_PER_FILE,
         max_record_bytes: int | None = None,
         page_size: int = DEFAULT_PAGE_SIZE,
-        chunk_grace: float = DEFAULT_CHUNK_GRACE,
+        chunk_grace_seconds: float = DEFAULT_CHUNK_GRACE,
+        receipt_ttl: float = UNSET,
+        chunk_grace: float = UNSET,
     ) -> None:
+        receipt_ttl = renamed_option(
+            "KVMemoryStore", "receipt_ttl", receipt_ttl, "receipt_ttl_seconds", receipt_ttl_seconds
+        )
+        chunk_grace = renamed_option(
+            "KVMemoryStore", "chunk_grace", chunk_grace, "chunk_grace_seconds", chunk_grace_seconds
+        )
         if not isinstance(scope_prefix, str) or not scope_prefix:
             raise ValueError("scope_prefix must be a non-empty string")
         if receipt_ttl <= 0:
-            raise ValueError("receipt_ttl must be positive")
+            raise ValueError("receipt_ttl_seconds must be positive")
         if max_receipts_per_file < 1:
             raise ValueError("max_receipts_per_file must be >= 1")
         if max_record_bytes is not None and max_record_bytes < MIN_RECORD_BYTES:
@@ -135,7 +145,7 @@ class KVMemoryStore(AsyncCloseable):
         if page_size < 1:
             raise ValueError("page_size must be >= 1")
         if chunk_grace < 0:
-            raise ValueError("chunk_grace must be >= 0")
+            raise ValueError("chunk_grace_seconds must be >= 0")
         self.kv = kv
         self._owns_kv = owns_kv
         self._prefix = scope_prefix
