@@ -1,0 +1,250 @@
+"""Cosmos store URLs, parsed into settings without importing the Azure SDK.
+
+One documented form (see ``docs/cosmos.md``)::
+
+    cosmos://ACCOUNT_HOST[:PORT]/DATABASE[/CONTAINER]?prefix=…&key=…
+
+* the endpoint is ``https://ACCOUNT_HOST[:PORT]/`` (``?tls=false``: plain HTTP, for a
+  loopback test server only);
+* the key comes from ``?key=`` (always shown as ``***``), else ``$AZURE_COSMOS_KEY``,
+  else ``?auth=entra`` uses ``DefaultAzureCredential`` (extra ``agent-stores-cosmos[identity]``);
+* ``cosmos:///DATABASE[/CONTAINER]`` (no host) takes endpoint and key from the Azure
+  connection string in ``$AZURE_COSMOS_CONNECTION_STRING``
+  (``AccountEndpoint=https://…;AccountKey=…;``).
+
+Query options: ``prefix``, ``key``, ``auth`` (``key`` | ``entra``), ``tls``, ``create``
+(create database and container at setup, default true), ``emulator``
+(``cosmosdb-server``: the npm test server; see :mod:`agent_stores_cosmos.kv`),
+``endpoint_discovery``, ``timeout`` (seconds), ``throttle_retries``,
+``throttle_wait`` (seconds in total). Unknown options are an error, so a typo never
+silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from agent_stores.errors import ConfigError
+from agent_stores.url import StoreURL
+
+KEY_ENV = "AZURE_COSMOS_KEY"
+CONNECTION_STRING_ENV = "AZURE_COSMOS_CONNECTION_STRING"
+DEFAULT_PREFIX = "agent-stores"
+DEFAULT_CONTAINER = "agent-stores"
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_THROTTLE_RETRIES = 9
+DEFAULT_THROTTLE_WAIT = 30.0
+EMULATORS = frozenset({"cosmosdb-server"})
+
+KNOWN_OPTIONS = frozenset(
+    {
+        "prefix",
+        "key",
+        "auth",
+        "tls",
+        "create",
+        "emulator",
+        "endpoint_discovery",
+        "timeout",
+        "throttle_retries",
+        "throttle_wait",
+    }
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+# The prefix is part of the partition key value, separated from the scope by '/' or '#'.
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# Database and container ids may not contain / \ ? # (Cosmos resource id rules).
+_RESOURCE_RE = re.compile(r"^[^/\\?#\s]{1,255}$")
+
+
+@dataclass(frozen=True)
+class CosmosSettings:
+    """Everything needed to build the Azure client and the store, parsed from a URL."""
+
+    endpoint: str
+    database: str
+    container: str
+    prefix: str = DEFAULT_PREFIX
+    auth: str = "key"
+    key: str | None = field(default=None, repr=False)
+    create: bool = True
+    emulator: str | None = None
+    endpoint_discovery: bool = True
+    timeout: float = DEFAULT_TIMEOUT
+    throttle_retries: int = DEFAULT_THROTTLE_RETRIES
+    throttle_wait: float = DEFAULT_THROTTLE_WAIT
+    #: the URL with secrets hidden, for people
+    location: str = ""
+
+    def describe(self) -> str:
+        """Where the store lives, without secrets."""
+        return self.location or f"cosmos {self.endpoint} {self.database}/{self.container}"
+
+
+def check_prefix(prefix: str) -> str:
+    """Validate an app namespace: 1-64 characters of ``A-Z a-z 0-9 . _ : -``."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ConfigError(
+            detail=f"prefix {str(prefix)[:80]!r} must be 1-64 characters of letters, digits, "
+            "'.', '_', ':' or '-' (it is part of every partition key value)"
+        )
+    return prefix
+
+
+def _bool(name: str, raw: str, where: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(detail=f"{where}: {name} must be true or false, got {raw!r}")
+
+
+def _number(name: str, raw: str, where: str, *, minimum: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(detail=f"{where}: {name} must be a number, got {raw!r}") from None
+    if value != value or value < minimum:  # NaN or too small
+        raise ConfigError(detail=f"{where}: {name} must be >= {minimum}, got {raw!r}")
+    return value
+
+
+def parse_connection_string(text: str) -> tuple[str, str]:
+    """``(endpoint, key)`` from ``AccountEndpoint=…;AccountKey=…;`` (errors never show the key)."""
+    parts: dict[str, str] = {}
+    for piece in text.strip().split(";"):
+        if not piece.strip():
+            continue
+        name, sep, value = piece.partition("=")
+        if not sep:
+            raise ConfigError(
+                detail="the Cosmos connection string must look like "
+                "'AccountEndpoint=https://…;AccountKey=…;'"
+            )
+        parts[name.strip().lower()] = value.strip()
+    endpoint = parts.get("accountendpoint")
+    key = parts.get("accountkey")
+    if not endpoint or not key:
+        raise ConfigError(
+            detail="the Cosmos connection string needs both AccountEndpoint and AccountKey"
+        )
+    split = urlsplit(endpoint)
+    if split.scheme not in ("https", "http") or not split.hostname:
+        raise ConfigError(
+            detail="AccountEndpoint in the Cosmos connection string must be an https:// URL"
+        )
+    return endpoint, key
+
+
+def _path_names(path: str, where: str) -> tuple[str, str]:
+    parts = [p for p in path.split("/") if p]
+    if not parts or len(parts) > 2:
+        raise ConfigError(
+            detail=f"{where}: the path must be /DATABASE or /DATABASE/CONTAINER, got {path!r}"
+        )
+    database = parts[0]
+    container = parts[1] if len(parts) == 2 else DEFAULT_CONTAINER
+    for kind, name in (("database", database), ("container", container)):
+        if not _RESOURCE_RE.match(name):
+            raise ConfigError(
+                detail=f"{where}: {kind} name {name!r} may not contain / \\ ? # or spaces"
+            )
+    return database, container
+
+
+def parse_url(url: StoreURL | str) -> CosmosSettings:
+    """Parse a ``cosmos://`` URL into :class:`CosmosSettings`; :class:`ConfigError` on anything odd.
+
+    Error messages show the URL through :meth:`StoreURL.render`, never its key.
+    """
+    url = StoreURL.parse(url)
+    where = url.render()
+    if url.scheme != "cosmos":
+        raise ConfigError(detail=f"{where}: not a Cosmos URL (expected cosmos://…)")
+    unknown = sorted({k for k, _ in url.query} - KNOWN_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            detail=f"{where}: unknown query option(s) {unknown}; known: "
+            f"{', '.join(sorted(KNOWN_OPTIONS))}"
+        )
+    if url.username or url.password:
+        raise ConfigError(
+            detail=f"{where}: put the account key in ?key= or ${KEY_ENV}, not in the user info"
+        )
+    q = url.query_get
+    database, container = _path_names(url.path, where)
+
+    auth = (q("auth") or "key").strip().lower()
+    if auth not in ("key", "entra"):
+        raise ConfigError(detail=f"{where}: auth must be key or entra, got {q('auth')!r}")
+    key = q("key")
+    if url.host:
+        tls = _bool("tls", q("tls") or "true", where)
+        netloc = f"[{url.host}]" if ":" in url.host else url.host
+        if url.port is not None:
+            netloc += f":{url.port}"
+        endpoint = f"{'https' if tls else 'http'}://{netloc}/"
+        if auth == "key" and not key:
+            key = os.environ.get(KEY_ENV) or None
+    else:
+        text = os.environ.get(CONNECTION_STRING_ENV)
+        if not text:
+            raise ConfigError(
+                detail=f"{where}: no account host; give cosmos://ACCOUNT.documents.azure.com/DB/"
+                f"CONTAINER, or set ${CONNECTION_STRING_ENV}"
+            )
+        endpoint, conn_key = parse_connection_string(text)
+        if q("tls") is not None:
+            raise ConfigError(detail=f"{where}: tls comes from AccountEndpoint here")
+        key = key or conn_key
+    if auth == "key" and not key:
+        raise ConfigError(
+            detail=f"{where}: no account key; set ${KEY_ENV}, add ?key=…, or use ?auth=entra"
+        )
+    if auth == "entra" and key:
+        raise ConfigError(detail=f"{where}: auth=entra takes no key")
+
+    emulator = q("emulator")
+    if emulator is not None and emulator not in EMULATORS:
+        raise ConfigError(
+            detail=f"{where}: emulator must be one of {sorted(EMULATORS)}, got {emulator!r}"
+        )
+    raw_discovery = q("endpoint_discovery")
+    # The test server advertises https:// locations it does not serve: discovery must be off.
+    discovery = (
+        _bool("endpoint_discovery", raw_discovery, where)
+        if raw_discovery is not None
+        else emulator is None
+    )
+    raw = q("timeout")
+    timeout = DEFAULT_TIMEOUT if raw is None else _number("timeout", raw, where, minimum=0.1)
+    raw = q("throttle_retries")
+    retries = (
+        DEFAULT_THROTTLE_RETRIES
+        if raw is None
+        else int(_number("throttle_retries", raw, where, minimum=0))
+    )
+    raw = q("throttle_wait")
+    wait = DEFAULT_THROTTLE_WAIT if raw is None else _number("throttle_wait", raw, where, minimum=0)
+    raw_prefix = q("prefix")
+    return CosmosSettings(
+        endpoint=endpoint,
+        database=database,
+        container=container,
+        prefix=check_prefix(DEFAULT_PREFIX if raw_prefix is None else raw_prefix),
+        auth=auth,
+        key=key,
+        create=_bool("create", q("create") or "true", where),
+        emulator=emulator,
+        endpoint_discovery=discovery,
+        timeout=timeout,
+        throttle_retries=retries,
+        throttle_wait=wait,
+        location=where,
+    )

@@ -1,0 +1,39 @@
+"""Helpers shared by the Cosmos tests (a uniquely named module: ``conftest`` names collide
+when several packages' tests run in one pytest process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import uuid
+from pathlib import Path
+from types import ModuleType
+
+from agent_stores import StoreURL
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SERVERS_SCRIPT = REPO_ROOT / "scripts" / "servers" / "cosmos.py"
+URL_ENV = "AGENT_STORES_TEST_COSMOS_URL"
+
+
+def load_servers_module() -> ModuleType:
+    """``scripts/servers/cosmos.py`` loaded by path."""
+    name = "agent_stores_servers_cosmos"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SERVERS_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it runs
+    spec.loader.exec_module(module)
+    return module
+
+
+servers = load_servers_module()
+
+
+def with_fresh_prefix(url: str) -> str:
+    """``url`` with a new unique ``prefix``, so a test never sees another test's data."""
+    parsed = StoreURL.parse(url)
+    base = parsed.query_get("prefix") or "agent-stores-test"
+    return parsed.with_query(prefix=f"{base[:40]}-{uuid.uuid4().hex[:8]}").render_with_secrets()
