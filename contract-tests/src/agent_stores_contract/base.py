@@ -21,6 +21,20 @@ from agent_stores import KVStore, open_kv
 
 KVFactory = Callable[[], KVStore]
 
+#: How a capability skip's reason starts; the plugin lists these in the run's summary
+#: and fails any other skip of a contract test.
+CAPABILITY_SKIP = "not applicable: capability"
+
+
+def require_capability(kv: KVStore, capability: str, why: str) -> None:
+    """Skip the calling contract test unless ``kv.capabilities.<capability>`` is True.
+
+    The only sanctioned way for a contract test to skip: the backend's own declaration
+    justifies it, and the run's summary lists it.
+    """
+    if not getattr(kv.capabilities, capability):
+        pytest.skip(f"{CAPABILITY_SKIP} {capability}=False ({kv.backend_name}): {why}")
+
 
 class ContractBase:
     """Base of every contract class. Subclass a contract, never this."""

@@ -37,7 +37,7 @@ from agent_stores.checkpointer import (
 from agent_stores.kv.base import Operation
 from agent_stores.kv.counting import CountingKV
 
-from .base import ContractBase, KVFactory
+from .base import ContractBase, KVFactory, require_capability
 
 pytestmark = pytest.mark.asyncio
 
@@ -323,8 +323,9 @@ class CheckpointerContract(ContractBase):
         self, kv: KVStore, store_url: str, ns: str, checkpointer: Checkpointer
     ) -> None:
         """Several OS processes appending to one run: every event kept, every position distinct."""
-        if not kv.capabilities.shared_across_processes:
-            pytest.skip(f"{kv.backend_name} is process-local: no second process can share the run")
+        require_capability(
+            kv, "shared_across_processes", "process-local: no second process can share the run"
+        )
         processes, per_process = 4, 20
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         procs = [
@@ -933,8 +934,9 @@ class CheckpointerContract(ContractBase):
     ) -> None:
         """A run that failed with a provider 503 after a tool call in one OS process is resumed with
         continue_run in a NEW OS process on the same URL, and completes without re-running the tool."""
-        if not kv.capabilities.shared_across_processes:
-            pytest.skip(f"{kv.backend_name} is process-local: a new process cannot see the run")
+        require_capability(
+            kv, "shared_across_processes", "process-local: a new process cannot see the run"
+        )
         counter = tmp_path / "tool-runs.txt"
         outputs = []
         for command in ("step-fail", "step-resume"):

@@ -11,10 +11,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_stores import (
     ConflictError,
+    Entry,
     InvalidIdError,
     KVStore,
     ResourceClosedError,
@@ -23,7 +28,8 @@ from agent_stores import (
 )
 from agent_stores.kv import Check, Create, Delete, Replace
 
-from .base import ContractBase, KVFactory
+from .base import ContractBase, KVFactory, require_capability
+from .kv_model import run_model
 
 pytestmark = pytest.mark.asyncio
 
@@ -53,6 +59,70 @@ AWKWARD_IDS = [
     "x" * 500,
     "y" * 499 + "/",
 ]
+
+
+@dataclass(frozen=True)
+class Win:
+    """One successful compare-and-swap increment: the version it replaced and the result."""
+
+    replaced: str
+    version: str
+    value: int
+
+
+def check_counter_history(initial: str, wins: list[Win], final: Entry | None, total: int) -> None:
+    """The increments form one chain from ``initial`` to ``final``: a linearizable counter.
+
+    Each version is replaced at most once (no two swaps won on the same version), each
+    swap wrote the value before it plus one, every success is in the chain, and the final
+    entry is the chain's end holding the number of successes.
+    """
+    assert len(wins) == total, f"{len(wins)} increments reported, {total} expected"
+    successor: dict[str, Win] = {}
+    for win in wins:
+        assert win.replaced not in successor, (
+            f"two swaps won on version {win.replaced}: {successor[win.replaced]} and {win}"
+        )
+        successor[win.replaced] = win
+    version, value, steps = initial, 0, 0
+    while version in successor:
+        win = successor[version]
+        assert win.value == value + 1, f"swap {win} did not increment {value}"
+        version, value, steps = win.version, win.value, steps + 1
+    assert steps == total, f"only {steps} of {total} successful swaps form one history"
+    assert final is not None and final.version == version and int(final.value) == total, (
+        f"final entry {final!r} is not the end of the history ({version}, {total})"
+    )
+
+
+async def run_workers(
+    command: str, *args: str, barrier: Path, processes: int
+) -> list[list[dict[str, Any]]]:
+    """Run ``processes`` copies of a worker behind a file barrier; their JSON lines, per worker."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agent_stores_contract.workers",
+            command,
+            *args,
+            "--barrier",
+            str(barrier),
+            str(processes),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        for _ in range(processes)
+    ]
+    outputs = [await p.communicate() for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err.decode()[-3000:]
+    return [
+        [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+        for out, _ in outputs
+    ]
 
 
 def offset_clock(kv: KVStore, seconds: float) -> None:
@@ -175,55 +245,67 @@ class KVContract(ContractBase):
     # -- concurrency ----------------------------------------------------------------------
 
     async def test_concurrent_cas_one_key(self, kv_factory: KVFactory, ns: str) -> None:
-        """50 tasks CAS-incrementing one key: exactly one winner per version, and no increment is lost."""
+        """50 tasks CAS-incrementing one key really interleave, and the history is linearizable: one winner per version, no lost increment."""
         clients = [kv_factory() for _ in range(5)]
-        await clients[0].create(ns, "counter", b"0")
-        replaced: list[str] = []
-        per_task = 4
+        initial = await clients[0].create(ns, "counter", b"0")
+        tasks, per_task = 50, 4
+        wins: list[Win] = []
+        conflicts = 0
+        # Every task reads the same version before any of them writes: a correct store
+        # must then refuse all but one of the first round's swaps.
+        barrier = asyncio.Barrier(tasks)
 
         async def worker(client: KVStore) -> None:
-            done = 0
+            nonlocal conflicts
+            done, first = 0, True
             while done < per_task:
                 entry = await client.get(ns, "counter")
                 assert entry is not None
+                if first:
+                    first = False
+                    await barrier.wait()
+                value = int(entry.value) + 1
                 try:
-                    await client.replace(
-                        ns,
-                        "counter",
-                        str(int(entry.value) + 1).encode(),
-                        expected_version=entry.version,
+                    version = await client.replace(
+                        ns, "counter", str(value).encode(), expected_version=entry.version
                     )
                 except ConflictError:
-                    await asyncio.sleep(0)
+                    conflicts += 1
                     continue
-                replaced.append(entry.version)
+                wins.append(Win(entry.version, version, value))
                 done += 1
 
         try:
-            await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(50)))
+            await asyncio.gather(*(worker(clients[i % len(clients)]) for i in range(tasks)))
+            assert conflicts >= tasks - 1, (
+                f"only {conflicts} conflicts: the tasks did not run concurrently, so this "
+                "test proved nothing (a backend must suspend on every round trip)"
+            )
             final = await clients[0].get(ns, "counter")
-            assert final is not None
-            assert int(final.value) == 50 * per_task
-            assert len(replaced) == len(set(replaced)) == 50 * per_task
+            check_counter_history(initial, wins, final, tasks * per_task)
         finally:
             for client in clients:
                 await client.aclose()
 
     async def test_concurrent_create_single_winner(self, kv_factory: KVFactory, ns: str) -> None:
-        """50 tasks creating the same key at once: exactly one succeeds, its value is the one stored."""
+        """50 tasks creating the same absent key at the same moment: exactly one succeeds, 49 conflict, the winner's value is stored."""
         clients = [kv_factory() for _ in range(5)]
+        tasks = 50
+        barrier = asyncio.Barrier(tasks)
 
         async def attempt(i: int) -> tuple[int, str] | None:
+            client = clients[i % 5]
+            assert await client.get(ns, "once") is None
+            await barrier.wait()
             try:
-                return i, await clients[i % 5].create(ns, "once", str(i).encode())
+                return i, await client.create(ns, "once", str(i).encode())
             except ConflictError:
                 return None
 
         try:
-            results = [
-                r for r in await asyncio.gather(*(attempt(i) for i in range(50))) if r is not None
-            ]
-            assert len(results) == 1
+            outcomes = await asyncio.gather(*(attempt(i) for i in range(tasks)))
+            results = [r for r in outcomes if r is not None]
+            assert len(results) == 1, f"{len(results)} creates of one key won"
             winner, version = results[0]
             entry = await clients[0].get(ns, "once")
             assert (
@@ -235,46 +317,64 @@ class KVContract(ContractBase):
             for client in clients:
                 await client.aclose()
 
-    async def test_multiprocess_cas_one_key(self, kv: KVStore, store_url: str, ns: str) -> None:
-        """Several OS processes CAS-incrementing one key: one winner per version, every increment kept."""
-        if not kv.capabilities.shared_across_processes:
-            pytest.skip(
-                f"{kv.backend_name} is process-local: there is no data for a second process to share"
-            )
-        await kv.create(ns, "counter", b"0")
+    async def test_multiprocess_cas_one_key(
+        self, kv: KVStore, store_url: str, ns: str, tmp_path: Path
+    ) -> None:
+        """4 OS processes released by a barrier CAS-increment one key: they interleave (conflicts, switches) and the history is linearizable."""
+        require_capability(
+            kv,
+            "shared_across_processes",
+            "process-local: there is no data for a second process to share",
+        )
+        initial = await kv.create(ns, "counter", b"0")
         processes, per_process = 4, 25
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agent_stores_contract.workers",
-                "kv-increment",
-                store_url,
-                ns,
-                "counter",
-                str(per_process),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-            )
-            for _ in range(processes)
-        ]
-        outputs = [await p.communicate() for p in procs]
-        for proc, (_, err) in zip(procs, outputs, strict=True):
-            assert proc.returncode == 0, err.decode()
-        wins = [
-            json.loads(line)
-            for out, _ in outputs
-            for line in out.decode().splitlines()
-            if line.strip()
-        ]
-        assert len(wins) == processes * per_process
-        replaced = [w["replaced"] for w in wins]
-        assert len(set(replaced)) == len(replaced), "two processes won the same version"
-        assert sorted(w["value"] for w in wins) == list(range(1, processes * per_process + 1))
+        outputs = await run_workers(
+            "kv-increment",
+            store_url,
+            ns,
+            "counter",
+            str(per_process),
+            barrier=tmp_path,
+            processes=processes,
+        )
+        wins: list[Win] = []
+        conflicts = 0
+        owner: dict[int, int] = {}
+        for worker, lines in enumerate(outputs):
+            for line in lines:
+                if "conflicts" in line:
+                    conflicts += int(line["conflicts"])
+                    continue
+                wins.append(Win(line["replaced"], line["version"], line["value"]))
+                owner[int(line["value"])] = worker
+        assert conflicts >= processes - 1, (
+            f"only {conflicts} conflicts: the processes did not run concurrently"
+        )
+        switches = sum(1 for v in range(2, len(owner) + 1) if owner.get(v) != owner.get(v - 1))
+        assert switches >= processes - 1, f"the processes took turns only {switches} times"
         final = await kv.get(ns, "counter")
-        assert final is not None and int(final.value) == processes * per_process
+        check_counter_history(initial, wins, final, processes * per_process)
+
+    async def test_multiprocess_create_single_winner(
+        self, kv: KVStore, store_url: str, ns: str, tmp_path: Path
+    ) -> None:
+        """4 OS processes released by a barrier create one absent key: exactly one wins and its value is stored."""
+        require_capability(
+            kv,
+            "shared_across_processes",
+            "process-local: there is no data for a second process to share",
+        )
+        processes = 4
+        outputs = await run_workers(
+            "kv-create", store_url, ns, "once", barrier=tmp_path, processes=processes
+        )
+        results = [line for lines in outputs for line in lines]
+        assert len(results) == processes
+        won = [r for r in results if r["won"]]
+        assert len(won) == 1, f"{len(won)} processes created the same key"
+        entry = await kv.get(ns, "once")
+        assert entry is not None and entry.version == won[0]["version"]
+        assert entry.value == str(won[0]["pid"]).encode()
 
     # -- TTL ------------------------------------------------------------------------------
 
@@ -566,3 +666,170 @@ class KVContract(ContractBase):
         await store.aclose()
         with pytest.raises(ResourceClosedError):
             await store.get(ns, "k")
+
+    # -- every rule at the KV level -----------------------------------------------------
+
+    async def test_get_many_complete_any_order(self, kv: KVStore, ns: str) -> None:
+        """get_many returns every live key asked for, whatever the order, count or duplicates of the request."""
+        keys = [f"k{i:02d}-\u00e9" for i in range(40)]
+        versions = {key: await kv.create(ns, key, key.encode()) for key in keys}
+        for size in (1, 2, 3, 7, 16, 39, 40):
+            for asked in (keys[:size], keys[-size:][::-1], keys[size // 2 :: 3]):
+                found = await kv.get_many(ns, [*asked, "absent", *asked[:1]])
+                assert sorted(found) == sorted(asked), f"asked {len(asked)}, got {len(found)}"
+                for key in asked:
+                    assert found[key].version == versions[key]
+                    assert found[key].value == key.encode()
+
+    async def test_scan_every_page_boundary(self, kv: KVStore, ns: str) -> None:
+        """Paging a scope with every limit from 1 to past its size returns each key exactly once, in order."""
+        keys = sorted((f"p{i:02d}" for i in range(13)), key=str.encode)
+        for key in keys:
+            await kv.create(ns, key, b"v")
+        for limit in range(1, len(keys) + 2):
+            seen: list[str] = []
+            start_after: str | None = None
+            while True:
+                page = await kv.scan(ns, start_after=start_after, limit=limit, values=False)
+                assert len(page) <= limit
+                seen += [i.key for i in page]
+                if len(page) < limit:
+                    break
+                start_after = page[-1].key
+            assert seen == keys, f"paging by {limit}: {seen}"
+
+    async def test_scan_byte_order_non_ascii_paging(self, kv: KVStore, ns: str) -> None:
+        """Non-ASCII keys sort by their UTF-8 bytes, also across pages and under a prefix."""
+        keys = ["x\u00e9", "xe\u0301", "x\u00c5", "x\u212b", "x\uffff", "x\U0001f600", "xz", "xA"]
+        for key in keys:
+            await kv.create(ns, key, b"v")
+        want = sorted(keys, key=str.encode)
+        got = [i.key async for i in kv.iter_scan(ns, prefix="x", page_size=3, values=False)]
+        assert got == want
+        after = want[3]
+        assert [i.key for i in await kv.scan(ns, start_after=after)] == want[4:]
+
+    async def test_scopes_sharing_a_prefix_are_isolated(self, kv: KVStore, ns: str) -> None:
+        """Scopes whose names extend each other ('s', 's/', 's/a', 'sa') share no entries in get, scan, get_many or drop_scope."""
+        names = [ns, f"{ns}/", f"{ns}/a", f"{ns}a", f"{ns}A", f"{ns}_"]
+        for i, scope in enumerate(names):
+            await kv.create(scope, "k", str(i).encode())
+            await kv.create(scope, f"own-{i}", b"x")
+        for i, scope in enumerate(names):
+            assert [x.key for x in await kv.scan(scope)] == sorted(
+                ["k", f"own-{i}"], key=str.encode
+            )
+            entry = await kv.get(scope, "k")
+            assert entry is not None and entry.value == str(i).encode()
+            assert set(await kv.get_many(scope, [f"own-{j}" for j in range(len(names))])) == {
+                f"own-{i}"
+            }
+        await kv.drop_scope(ns)
+        assert await kv.scan(ns) == []
+        for i, scope in enumerate(names[1:], start=1):
+            entry = await kv.get(scope, "k")
+            assert entry is not None and entry.value == str(i).encode()
+
+    async def test_expired_entries_invisible_everywhere(self, kv: KVStore, ns: str) -> None:
+        """An expired entry is absent for get, get_many, scan and scopes, does not block create, and replace/delete cannot reach it."""
+        scope = f"{ns}/ttl"
+        old = await kv.create(scope, "gone", b"old", ttl=30)
+        await kv.create(f"{ns}/live", "k", b"v")
+        offset_clock(kv, 30)  # exactly at expires_at: expired
+        assert await kv.get(scope, "gone") is None
+        assert await kv.get_many(scope, ["gone"]) == {}
+        assert await kv.scan(scope) == []
+        assert await kv.scopes(prefix=f"{ns}/") == [f"{ns}/live"]
+        with pytest.raises(ConflictError):
+            await kv.replace(scope, "gone", b"x", expected_version=old)
+        assert await kv.delete(scope, "gone") is False
+        new = await kv.create(scope, "gone", b"new")
+        assert new != old
+        entry = await kv.get(scope, "gone")
+        assert entry is not None and entry.value == b"new" and entry.expires_at is None
+
+    async def test_replace_ttl_as_documented(self, kv: KVStore, ns: str) -> None:
+        """replace gives the new value its own ttl: a ttl sets expires_at = now + ttl, none clears it."""
+        clock = kv.clock()
+        kv.clock = lambda: clock
+        v1 = await kv.create(ns, "k", b"1", ttl=100)
+        e1 = await kv.get(ns, "k")
+        assert (
+            e1 is not None
+            and e1.expires_at is not None
+            and abs(e1.expires_at - (clock + 100)) < 0.01
+        )
+        v2 = await kv.replace(ns, "k", b"2", expected_version=v1, ttl=50)
+        e2 = await kv.get(ns, "k")
+        assert (
+            e2 is not None
+            and e2.expires_at is not None
+            and abs(e2.expires_at - (clock + 50)) < 0.01
+        )
+        kv.clock = lambda: clock + 49
+        v3 = await kv.replace(ns, "k", b"3", expected_version=v2)
+        kv.clock = lambda: clock + 1000
+        e3 = await kv.get(ns, "k")
+        assert e3 is not None and e3.version == v3 and e3.expires_at is None
+
+    async def test_delete_conditional_after_recreate(self, kv: KVStore, ns: str) -> None:
+        """A version from before delete + create no longer deletes; a delete with a version on an absent key returns False."""
+        assert await kv.delete(ns, "k", expected_version="never-issued") is False
+        v1 = await kv.create(ns, "k", b"1")
+        assert await kv.delete(ns, "k", expected_version=v1) is True
+        v2 = await kv.create(ns, "k", b"2")
+        assert await kv.delete(ns, "k", expected_version=v1) is False
+        entry = await kv.get(ns, "k")
+        assert entry is not None and entry.version == v2
+        assert await kv.delete(ns, "k", expected_version=v2) is True
+
+    async def test_drop_scope_leaves_nothing(self, kv: KVStore, ns: str) -> None:
+        """After drop_scope no entry of the scope is readable by get, get_many, scan or scopes, and old versions are dead."""
+        scope = f"{ns}/d"
+        keys = [f"k{i:03d}" for i in range(120)] + ["\u00e9", "a/b"]
+        versions = {
+            key: await kv.create(scope, key, b"v", ttl=None if i % 2 else 3600)
+            for i, key in enumerate(keys)
+        }
+        assert await kv.drop_scope(scope) >= len(keys)
+        assert await kv.scan(scope, limit=1000) == []
+        assert await kv.get_many(scope, keys) == {}
+        for key in keys[:5] + keys[-2:]:
+            assert await kv.get(scope, key) is None
+        assert await kv.scopes(prefix=scope) == []
+        with pytest.raises(ConflictError):
+            await kv.replace(scope, keys[0], b"x", expected_version=versions[keys[0]])
+        assert await kv.drop_scope(scope) == 0
+
+    async def test_oversize_rejected_writes_nothing(self, kv: KVStore, ns: str) -> None:
+        """An oversize create, replace or commit raises ValueTooLargeError, stores nothing and changes nothing: never truncated."""
+        limit = kv.limits.max_value_bytes
+        with pytest.raises(ValueTooLargeError):
+            await kv.create(ns, "k", b"a" * (limit + 1))
+        assert await kv.get(ns, "k") is None and await kv.scan(ns) == []
+        version = await kv.create(ns, "k", b"small")
+        with pytest.raises(ValueTooLargeError):
+            await kv.replace(ns, "k", b"b" * (limit + 1), expected_version=version)
+        if kv.capabilities.commit:
+            with pytest.raises(ValueTooLargeError):
+                await kv.commit(
+                    ns, [Create("other", b"c"), Replace("k", b"c" * (limit + 1), version)]
+                )
+            assert await kv.get(ns, "other") is None
+        entry = await kv.get(ns, "k")
+        assert entry is not None and entry.value == b"small" and entry.version == version
+
+    # -- the model ----------------------------------------------------------------------
+
+    async def test_model_based_sequences(
+        self, kv: KVStore, ns: str, contract_examples: tuple[int, int]
+    ) -> None:
+        """Random sequences of every primitive on prefix-sharing scopes with awkward names, over a moving clock, answer exactly as a reference model."""
+        examples, steps = contract_examples
+        loop = asyncio.get_running_loop()
+
+        def runner(coro: Coroutine[Any, Any, Any]) -> Any:
+            # A hung call fails this example instead of blocking the worker thread forever.
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout=120)
+
+        await asyncio.to_thread(run_model, kv, ns, runner, examples=examples, steps=steps)

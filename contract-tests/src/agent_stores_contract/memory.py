@@ -55,7 +55,7 @@ from pydantic_ai_harness.memory import (
     SearchableMemoryStore,
 )
 
-from .base import ContractBase, KVFactory
+from .base import ContractBase, KVFactory, require_capability
 
 MemoryFactory = Callable[..., KVMemoryStore]
 
@@ -888,10 +888,11 @@ class MemoryContract(ContractBase):
     ) -> None:
         """A real OS process SIGKILLed in the middle of a chunked write (before the CAS, right after it, or
         after the index) leaves the operation retryable by another process with the exact content."""
-        if not kv.capabilities.shared_across_processes:
-            pytest.skip(
-                f"{kv.backend_name} is process-local: there is no data for a second process to share"
-            )
+        require_capability(
+            kv,
+            "shared_across_processes",
+            "process-local: there is no data for a second process to share",
+        )
         options: dict[str, Any] = {"max_record_bytes": 2048}
         size = 7000
         probe = FaultKV(kv)
@@ -1088,10 +1089,11 @@ class MemoryContract(ContractBase):
         memory_factory: MemoryFactory,
     ) -> None:
         """50 appends from tasks and 3 OS processes appending at the same moment all land, each exactly once."""
-        if not kv.capabilities.shared_across_processes:
-            pytest.skip(
-                f"{kv.backend_name} is process-local: there is no data for a second process to share"
-            )
+        require_capability(
+            kv,
+            "shared_across_processes",
+            "process-local: there is no data for a second process to share",
+        )
         per_process = 10
         procs = [
             await asyncio.create_subprocess_exec(

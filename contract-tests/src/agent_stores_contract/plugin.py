@@ -4,18 +4,36 @@
 * The guard: a class that subclasses a contract class may not drop a standard test, nor
   override one, unless the override is marked ``xfail(strict=True, reason=...)`` or the
   test is listed in ``contract_xfails`` with a reason. Violations fail collection.
+* ``--contract-examples N`` (or ``AGENT_STORES_CONTRACT_EXAMPLES``) sets the example
+  budget of the model-based KV test; ``--contract-timeout S`` (or
+  ``AGENT_STORES_CONTRACT_TIMEOUT``) the deadline of every contract test.
+* Skips are policed: a contract test may only skip through
+  :func:`~agent_stores_contract.base.require_capability` (the backend's declared
+  capabilities justify it); those skips are listed in the run's summary, any other skip
+  of a contract test fails it.
+* Every contract test carries a behaviour id (``kv.create_then_get``), recorded in the
+  test's ``user_properties`` (and so in JUnit XML) and listed in ``docs/contract.md``.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Generator
 from typing import Any
 
 import pytest
 from agent_stores import AppError, StoreURL
 
+from .base import CAPABILITY_SKIP
+
 URL_ENV = "AGENT_STORES_CONTRACT_URL"
+EXAMPLES_ENV = "AGENT_STORES_CONTRACT_EXAMPLES"
+TIMEOUT_ENV = "AGENT_STORES_CONTRACT_TIMEOUT"
+DEFAULT_EXAMPLES = 30
+DEFAULT_STEPS = 30
+DEFAULT_TIMEOUT = 120.0
+CAPABILITY_SKIPS = pytest.StashKey[list[tuple[str, str]]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,12 +44,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help=f"URL of the backend the agent-stores contract suite runs against (or ${URL_ENV}).",
     )
+    group.addoption(
+        "--contract-examples",
+        action="store",
+        type=int,
+        default=None,
+        help=f"examples of the model-based KV test (or ${EXAMPLES_ENV}; default {DEFAULT_EXAMPLES}).",
+    )
+    group.addoption(
+        "--contract-timeout",
+        action="store",
+        type=float,
+        default=None,
+        help=f"seconds each contract test may take before it fails as hung (or ${TIMEOUT_ENV}; "
+        f"default {DEFAULT_TIMEOUT:g}).",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "contract: a standard test of the agent-stores contract suite"
     )
+    config.stash[CAPABILITY_SKIPS] = []
+
+
+def _examples(config: pytest.Config) -> int:
+    value = config.getoption("--contract-examples") or os.environ.get(EXAMPLES_ENV)
+    examples = int(value) if value else DEFAULT_EXAMPLES
+    if examples < 1:
+        raise pytest.UsageError("--contract-examples must be at least 1")
+    return examples
+
+
+def _timeout(config: pytest.Config) -> float:
+    value = config.getoption("--contract-timeout") or os.environ.get(TIMEOUT_ENV)
+    return float(value) if value else DEFAULT_TIMEOUT
+
+
+@pytest.fixture
+def contract_examples(request: pytest.FixtureRequest) -> tuple[int, int]:
+    """``(examples, steps)`` of the model-based KV test: the contract's example budget."""
+    return _examples(request.config), DEFAULT_STEPS
 
 
 class RedactedURL(str):
@@ -149,6 +202,69 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         item.add_marker(pytest.mark.contract)
         name = getattr(item, "originalname", item.name)
+        behaviour = behaviour_of(cls, name)
+        if behaviour is not None:
+            item.user_properties.append(("behaviour", behaviour))
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(_timeout(config)))
         reason = (getattr(cls, "contract_xfails", {}) or {}).get(name)
         if reason:
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+def behaviour_of(cls: type, name: str) -> str | None:
+    """The behaviour id of standard test ``name`` as run by ``cls`` (None: not a standard test)."""
+    from .behaviours import behaviour_id
+
+    for klass in cls.__mro__:
+        if _is_contract_class(klass) and name in vars(klass):
+            return behaviour_id(klass, name)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if not item.get_closest_marker("contract"):
+        return report
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        if reason.startswith(CAPABILITY_SKIP):
+            item.config.stash[CAPABILITY_SKIPS].append((item.nodeid, reason))
+        else:
+            # A contract test that does not run proves nothing: only a declared
+            # capability may switch one off.
+            report.outcome = "failed"
+            report.longrepr = (
+                f"contract test {item.nodeid} was skipped ({reason}); a contract test may only "
+                "be skipped by require_capability() when the backend declares it lacks that "
+                "capability. Make the backend runnable here, or exclude it from the run."
+            )
+    elif report.failed and call.excinfo is not None and "Timeout" in str(call.excinfo.value):
+        report.sections.append(
+            (
+                "agent-stores contract",
+                f"{item.nodeid} did not finish within {_timeout(item.config):g} s: the backend "
+                f"under test hung (a call never returned). Raise the limit with "
+                f"--contract-timeout or ${TIMEOUT_ENV} only if the backend is merely slow.",
+            )
+        )
+    return report
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    skips = config.stash.get(CAPABILITY_SKIPS, [])
+    if not skips:
+        return
+    terminalreporter.section("agent-stores contract: skipped by declared capability")
+    for nodeid, reason in skips:
+        terminalreporter.write_line(f"{nodeid}: {reason}")

@@ -70,7 +70,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDenied
 
-from .base import ContractBase, KVFactory
+from .base import ContractBase, KVFactory, require_capability
 from .session_workers import one_call_model, pair, prompts_model, texts
 
 SessionsFactory = Callable[..., Awaitable[SessionStore]]
@@ -134,8 +134,9 @@ async def read_json(proc: asyncio.subprocess.Process, wait_seconds: float = 60) 
 
 
 def require_processes(kv: KVStore) -> None:
-    if not kv.capabilities.shared_across_processes:
-        pytest.skip(f"{kv.backend_name} is process-local: a second process cannot share its data")
+    require_capability(
+        kv, "shared_across_processes", "process-local: a second process cannot share its data"
+    )
 
 
 def dump(messages: list[ModelMessage]) -> bytes:

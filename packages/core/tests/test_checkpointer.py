@@ -214,7 +214,7 @@ async def test_deleted_run_written_again_is_listed_again(
     """Another client deletes a run this process keeps writing: the run is indexed again."""
     monkeypatch.setattr(space_module, "_ANCHOR_RECHECK", 0.0)
     await cp.append("r", JournalEvent.completed("000000-model"))
-    other = Checkpointer(cp.kv, namespace=cp.space.namespace)
+    other = Checkpointer(cp.kv, scope_prefix=cp.space.scope_prefix)
     assert await other.delete_run("r")
     await cp.append("r", JournalEvent.completed("000001-model"))
     assert [r.run_id for r in await cp.list_runs()] == ["r"]

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Self
 from ..errors import CorruptRecordError
 from ..kv.base import KVStore
 from ..lifecycle import AsyncCloseable
+from ..options import UNSET, renamed_option
 from .codec import decode_record
-from .space import RunSpace, bounded_gather
+from .space import DEFAULT_SCOPE_PREFIX, RunSpace, bounded_gather, scope_prefix_option
 from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
 
 if TYPE_CHECKING:
@@ -37,10 +38,11 @@ def journal_key(event: JournalEvent) -> str:
 class Checkpointer(AsyncCloseable):
     """A durable run journal (and, through :meth:`step_store`, a harness ``StepStore``).
 
-    ``Checkpointer(kv, *, owns_kv=False, namespace="cp", ttl=None)``. Use it as an async
-    context manager (entering runs the backend's ``setup``); with ``owns_kv=True`` closing
-    it closes the KV store. ``ttl`` (seconds) makes every run expire, whole, that long
-    after its first write.
+    ``Checkpointer(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=None)``. Use it as
+    an async context manager (entering runs the backend's ``setup``); with ``owns_kv=True``
+    closing it closes the KV store. ``ttl_seconds`` makes every run expire, whole, that
+    long after its first write. ``namespace="x"`` (``scope_prefix="x/"``) and ``ttl`` are
+    the deprecated names of these options.
     """
 
     def __init__(
@@ -48,20 +50,26 @@ class Checkpointer(AsyncCloseable):
         kv: KVStore,
         *,
         owns_kv: bool = False,
-        namespace: str = "cp",
-        ttl: float | None = None,
+        scope_prefix: str = DEFAULT_SCOPE_PREFIX,
+        ttl_seconds: float | None = None,
         max_snapshots_per_run: int | None = None,
+        namespace: str = UNSET,
+        ttl: float | None = UNSET,
     ) -> None:
         self.kv = kv
         self.owns_kv = owns_kv
-        self.space = RunSpace(kv, namespace=namespace, ttl=ttl)
+        self.space = RunSpace(
+            kv,
+            scope_prefix=scope_prefix_option("Checkpointer", scope_prefix, namespace),
+            ttl=renamed_option("Checkpointer", "ttl", ttl, "ttl_seconds", ttl_seconds),
+        )
         self._max_snapshots_per_run = max_snapshots_per_run
         self._step_store: KVStepStore | None = None
         if max_snapshots_per_run is not None:
             self.step_store()  # validates the bound now rather than on first use
 
     def __repr__(self) -> str:
-        return f"<Checkpointer {self.kv.describe()} namespace={self.space.namespace!r}>"
+        return f"<Checkpointer {self.kv.describe()} scope_prefix={self.space.scope_prefix!r}>"
 
     # -- lifecycle ------------------------------------------------------------------------
 

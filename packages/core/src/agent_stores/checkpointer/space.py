@@ -1,15 +1,15 @@
 """The storage layout shared by the journal and the step store, on the KV CAS base class.
 
-Scopes (``NS`` is the namespace, ``cp`` by default):
+Scopes (``P`` is the scope prefix, ``cp/`` by default):
 
-* ``NS/run/<run_id>`` — everything about one run, so erasing a run is one ``drop_scope``:
+* ``Prun/<run_id>`` — everything about one run, so erasing a run is one ``drop_scope``:
   ``head/<log>`` position counters, ``j/<step_id>/<phase>`` journal entries,
   ``ev/…`` step events, ``sn/…`` snapshots and ``sp`` their pointer, ``m/<sha256>``
   snapshot messages (each stored once per run), ``t/<tool_call_id>`` tool effects,
   ``run`` the harness run record, ``x/<sha256>/<n>`` chunks of large records.
-* ``NS/runs`` — one entry per run (key = run id), written at a run's first write; it
+* ``Pruns`` — one entry per run (key = run id), written at a run's first write; it
   anchors the run's TTL and makes runs listable without scanning scopes.
-* ``NS/conv/<conversation_id>`` and ``NS/parent/<parent_run_id>`` — lineage indexes,
+* ``Pconv/<conversation_id>`` and ``Pparent/<parent_run_id>`` — lineage indexes,
   written before the run record; readers verify against the run record, so a dangling
   entry (a crash in between, a deleted run) is skipped, never trusted.
 
@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import Entry, KVStore
+from ..options import UNSET, renamed_option
 from .codec import canonical, decode_record, digest
 
 K = TypeVar("K")
@@ -111,16 +112,31 @@ async def bounded_gather(calls: Iterable[Callable[[], Awaitable[V]]], limit: int
     return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
+DEFAULT_SCOPE_PREFIX = "cp/"
+
+
+def scope_prefix_option(owner: str, scope_prefix: str, namespace: Any) -> str:
+    """``scope_prefix``, or the deprecated ``namespace`` it replaces (``"cp"`` is ``"cp/"``)."""
+    if namespace is UNSET:
+        return scope_prefix
+    namespace = renamed_option(owner, "namespace", namespace, "scope_prefix", scope_prefix)
+    if not isinstance(namespace, str) or not namespace or "/" in namespace:
+        raise ValueError(f"namespace must be non-empty and contain no '/', got {namespace!r}")
+    return f"{namespace}/"
+
+
 class RunSpace:
     """Layout, TTL anchoring, position counters and chunked records for runs on one KV."""
 
-    def __init__(self, kv: KVStore, *, namespace: str = "cp", ttl: float | None = None) -> None:
-        if not namespace or "/" in namespace:
-            raise ValueError(f"namespace must be non-empty and contain no '/', got {namespace!r}")
+    def __init__(
+        self, kv: KVStore, *, scope_prefix: str = DEFAULT_SCOPE_PREFIX, ttl: float | None = None
+    ) -> None:
+        if not isinstance(scope_prefix, str) or not scope_prefix:
+            raise ValueError(f"scope_prefix must be a non-empty string, got {scope_prefix!r}")
         if ttl is not None and ttl <= 0:
-            raise ValueError("ttl must be positive seconds (or None for no expiry)")
+            raise ValueError("ttl_seconds must be positive (or None for no expiry)")
         self.kv = kv
-        self.namespace = namespace
+        self.scope_prefix = scope_prefix
         self.ttl = ttl
         # run_id -> (absolute expiry or inf, monotonic time it was checked): presence means
         # "indexed, as far as this process knows".
@@ -137,19 +153,19 @@ class RunSpace:
         """The scope holding everything about ``run_id``."""
         if not isinstance(run_id, str) or not run_id:
             raise ValueError("run_id must be a non-empty string")
-        return f"{self.namespace}/run/{run_id}"
+        return f"{self.scope_prefix}run/{run_id}"
 
     @property
     def runs_scope(self) -> str:
-        return f"{self.namespace}/runs"
+        return f"{self.scope_prefix}runs"
 
     def conversation_scope(self, conversation_id: str) -> str:
         """The lineage index of a conversation (long ids hashed; readers verify records)."""
-        return f"{self.namespace}/conv/{_short(conversation_id)}"
+        return f"{self.scope_prefix}conv/{_short(conversation_id)}"
 
     def parent_scope(self, parent_run_id: str) -> str:
         """The lineage index of a parent run (long ids hashed; readers verify records)."""
-        return f"{self.namespace}/parent/{_short(parent_run_id)}"
+        return f"{self.scope_prefix}parent/{_short(parent_run_id)}"
 
     def forget(self, run_id: str) -> None:
         """Drop every cached fact about ``run_id`` (after deleting it)."""

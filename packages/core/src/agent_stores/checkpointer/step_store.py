@@ -36,9 +36,20 @@ from pydantic_ai_harness.step_persistence import (
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import KVStore
 from ..lifecycle import AsyncCloseable
+from ..options import UNSET, renamed_option
 from .codec import canonical, decode_record, digest
 from .errors import RunExistsError
-from .space import _BATCH, _CACHE_RUNS, _MAX_ATTEMPTS, LRU, RunSpace, backoff, bounded_gather
+from .space import (
+    _BATCH,
+    _CACHE_RUNS,
+    _MAX_ATTEMPTS,
+    DEFAULT_SCOPE_PREFIX,
+    LRU,
+    RunSpace,
+    backoff,
+    bounded_gather,
+    scope_prefix_option,
+)
 
 _logger = logging.getLogger(__name__)
 
@@ -197,7 +208,8 @@ def retained_seqs(live: list[tuple[int, str, str]], keep: int) -> set[int]:
 class KVStepStore(AsyncCloseable):
     """The harness ``StepStore`` (every method) on any agent-stores backend.
 
-    ``KVStepStore(kv, *, owns_kv=False, namespace="cp", ttl=None, max_snapshots_per_run=None)``,
+    ``KVStepStore(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=None,
+    max_snapshots_per_run=None)``,
     or ``checkpointer.step_store()`` to share a :class:`Checkpointer`'s KV and caches.
     ``max_snapshots_per_run`` bounds retained snapshots per run with the harness's rule
     (use the same bound in every writer of a run).
@@ -208,22 +220,32 @@ class KVStepStore(AsyncCloseable):
         kv: KVStore,
         *,
         owns_kv: bool = False,
-        namespace: str = "cp",
-        ttl: float | None = None,
+        scope_prefix: str = DEFAULT_SCOPE_PREFIX,
+        ttl_seconds: float | None = None,
         max_snapshots_per_run: int | None = None,
         space: RunSpace | None = None,
+        namespace: str = UNSET,
+        ttl: float | None = UNSET,
     ) -> None:
         _validate_max_snapshots(max_snapshots_per_run)
         self.kv = kv
         self.owns_kv = owns_kv
-        self.space = space if space is not None else RunSpace(kv, namespace=namespace, ttl=ttl)
+        self.space = (
+            space
+            if space is not None
+            else RunSpace(
+                kv,
+                scope_prefix=scope_prefix_option("KVStepStore", scope_prefix, namespace),
+                ttl=renamed_option("KVStepStore", "ttl", ttl, "ttl_seconds", ttl_seconds),
+            )
+        )
         self.max_snapshots_per_run = max_snapshots_per_run
         self._known_messages: LRU[str, set[str]] = LRU(64)
         self._pointers: LRU[str, tuple[dict[str, Any], str]] = LRU(_CACHE_RUNS)
         self._effect_versions: LRU[tuple[str, str], str] = LRU(_CACHE_RUNS * 4)
 
     def __repr__(self) -> str:
-        return f"<KVStepStore {self.kv.describe()} namespace={self.space.namespace!r}>"
+        return f"<KVStepStore {self.kv.describe()} scope_prefix={self.space.scope_prefix!r}>"
 
     async def __aenter__(self) -> Self:
         await self.kv.setup()

@@ -1,0 +1,442 @@
+"""Model-based test of the KV contract: random operation sequences checked against a model.
+
+A hypothesis ``RuleBasedStateMachine`` drives create / replace / delete (with and without
+an expected version) / get / get_many / scan (prefix, start_after, limit, with and
+without values, and full paging) / scopes / drop_scope / commit on scopes whose names
+share prefixes, with scope and key names drawn from an awkward alphabet (case, ``/ _ : %``,
+backslashes, unicode in different normal forms), over a controlled clock that moves past
+TTLs. Every answer of the store is compared with a small reference model.
+
+The store runs on the test's event loop; hypothesis runs in a worker thread and hands each
+operation to the loop (``Runner``), so the store's connections stay on the loop that made them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agent_stores import ConflictError, KVStore
+from agent_stores.kv import Check, Create, Delete, Entry, Operation, Replace
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+T = TypeVar("T")
+Runner = Callable[[Coroutine[Any, Any, Any]], Any]
+
+#: Scope suffixes appended to the example's prefix: the bare prefix, and names that
+#: extend it, so a backend that matches scopes by prefix leaks between them.
+SCOPE_SUFFIXES = ["", "/", "/a", "a", "A", "_a", ":a", "%2F", "\u00e9", "e\u0301", "\\"]
+
+#: Keys reused often (so operations meet the same entries), sharing prefixes, in
+#: different cases and Unicode normal forms (NFC "é" vs NFD "e + combining acute",
+#: "Å" vs the Ångström sign).
+KEY_POOL = [
+    "a",
+    "A",
+    "a/",
+    "a/b",
+    "a_b",
+    "a:b",
+    "a%2F",
+    "%",
+    "ab",
+    "b",
+    "\u00e9",
+    "e\u0301",
+    "\u00c5",
+    "\u212b",
+    "\u65e5\u672c",
+    "\U0001f600",
+    "a\uffff",
+    "a\\b",
+]
+ALPHABET = "aAb/_:%.\\ ~\u00e9e\u0301\u00c5\u212b\u65e5\U0001f600\uffff"
+
+keys = st.one_of(st.sampled_from(KEY_POOL), st.text(alphabet=ALPHABET, min_size=1, max_size=4))
+prefixes = st.one_of(st.just(""), st.sampled_from(KEY_POOL), st.text(alphabet=ALPHABET, max_size=2))
+values = st.binary(max_size=24)
+# Whole seconds: every expiry is an exact float, whatever precision a backend stores.
+ttls = st.sampled_from([None, None, 30, 60, 90])
+ticks = st.sampled_from([1, 29, 30, 31, 60, 120])
+# Which expected version an operation passes: the live one, an older one, or garbage.
+version_choices = st.sampled_from(["current", "current", "stale", "bogus"])
+
+
+def _order(key: str) -> bytes:
+    return key.encode("utf-8")
+
+
+@dataclass
+class Model:
+    """What a correct store holds: ``(scope, key) -> Entry`` on a clock the test moves."""
+
+    now: float
+    data: dict[tuple[str, str], Entry] = field(default_factory=dict)
+    #: every version the store ever returned, per key (for stale expected versions)
+    history: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    def live(self, scope: str, key: str) -> Entry | None:
+        entry = self.data.get((scope, key))
+        if entry is None or entry.expired(self.now):
+            return None
+        return entry
+
+    def put(self, scope: str, key: str, value: bytes, version: str, ttl: float | None) -> None:
+        expires = None if ttl is None else self.now + ttl
+        self.data[(scope, key)] = Entry(bytes(value), version, expires)
+        self.history.setdefault((scope, key), []).append(version)
+
+    def live_keys(self, scope: str, prefix: str = "") -> list[str]:
+        found = [
+            k
+            for (s, k), e in self.data.items()
+            if s == scope and k.startswith(prefix) and not e.expired(self.now)
+        ]
+        return sorted(found, key=_order)
+
+
+class KVMachine(RuleBasedStateMachine):
+    """Random KV operations on ``store``; every answer compared with :class:`Model`.
+
+    A subclass made by :func:`run_model` sets ``store``, ``namespace`` and ``runner``.
+    """
+
+    store: KVStore
+    namespace: str
+    runner: Runner
+    examples = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).examples += 1
+        # A fresh prefix per example: examples never see each other's data.
+        # Fixed width: no example's prefix is a prefix of another's ("-1" vs "-10").
+        self.prefix = f"{self.namespace}-{type(self).examples:05d}"
+        self.model = Model(now=float(int(time.time())))
+        self.seen_versions: set[str] = set()
+        self.store.clock = lambda: self.model.now
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        result: T = self.runner(coro)
+        return result
+
+    def scope(self, suffix: str) -> str:
+        return self.prefix + suffix
+
+    def expected_version(self, scope: str, key: str, choice: str) -> str:
+        live = self.model.live(scope, key)
+        old = self.model.history.get((scope, key), [])
+        if choice == "current" and live is not None:
+            return live.version
+        if choice in ("current", "stale") and old:
+            stale = [v for v in old if live is None or v != live.version]
+            if stale:
+                return stale[-1]
+        return "not-a-version-of-this-store"
+
+    def fresh(self, version: str, what: str) -> None:
+        assert isinstance(version, str) and version, f"{what} returned version {version!r}"
+        assert version not in self.seen_versions, (
+            f"{what} returned version {version!r}, which the store already gave out"
+        )
+        self.seen_versions.add(version)
+
+    def check_entry(self, where: str, got: Entry | None, want: Entry | None) -> None:
+        if want is None:
+            assert got is None, f"{where}: expected nothing, store returned {got!r}"
+            return
+        assert got is not None, f"{where}: expected {want!r}, store returned nothing"
+        assert got.value == want.value, f"{where}: value {got.value!r} != {want.value!r}"
+        assert got.version == want.version, f"{where}: version {got.version} != {want.version}"
+        if want.expires_at is None:
+            assert got.expires_at is None, f"{where}: expires_at {got.expires_at} != None"
+        else:
+            assert got.expires_at is not None and abs(got.expires_at - want.expires_at) < 0.01, (
+                f"{where}: expires_at {got.expires_at} != {want.expires_at}"
+            )
+
+    # -- rules --------------------------------------------------------------------------
+
+    @initialize()
+    def start(self) -> None:
+        pass
+
+    @rule(suffix=st.sampled_from(SCOPE_SUFFIXES), key=keys, value=values, ttl=ttls)
+    def create(self, suffix: str, key: str, value: bytes, ttl: float | None) -> None:
+        scope = self.scope(suffix)
+        where = f"create({scope!r}, {key!r})"
+        if self.model.live(scope, key) is not None:
+            try:
+                self.run(self.store.create(scope, key, value, ttl=ttl))
+            except ConflictError:
+                return
+            raise AssertionError(f"{where} succeeded over a live entry")
+        version = self.run(self.store.create(scope, key, value, ttl=ttl))
+        self.fresh(version, where)
+        self.model.put(scope, key, value, version, ttl)
+
+    @rule(
+        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        key=keys,
+        value=values,
+        ttl=ttls,
+        choice=version_choices,
+    )
+    def replace(self, suffix: str, key: str, value: bytes, ttl: float | None, choice: str) -> None:
+        scope = self.scope(suffix)
+        expected = self.expected_version(scope, key, choice)
+        live = self.model.live(scope, key)
+        where = f"replace({scope!r}, {key!r}, expected_version={expected!r})"
+        if live is None or live.version != expected:
+            try:
+                self.run(self.store.replace(scope, key, value, expected_version=expected, ttl=ttl))
+            except ConflictError:
+                return
+            raise AssertionError(f"{where} succeeded though the live version is {live!r}")
+        version = self.run(
+            self.store.replace(scope, key, value, expected_version=expected, ttl=ttl)
+        )
+        self.fresh(version, where)
+        self.model.put(scope, key, value, version, ttl)
+
+    @rule(
+        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        key=keys,
+        choice=st.one_of(st.none(), version_choices),
+    )
+    def delete(self, suffix: str, key: str, choice: str | None) -> None:
+        scope = self.scope(suffix)
+        expected = None if choice is None else self.expected_version(scope, key, choice)
+        live = self.model.live(scope, key)
+        want = live is not None and (expected is None or live.version == expected)
+        got = self.run(self.store.delete(scope, key, expected_version=expected))
+        assert got is want, (
+            f"delete({scope!r}, {key!r}, expected_version={expected!r}) returned {got}, "
+            f"expected {want} (live entry: {live!r})"
+        )
+        if want:
+            del self.model.data[(scope, key)]
+
+    @rule(suffix=st.sampled_from(SCOPE_SUFFIXES), key=keys)
+    def get(self, suffix: str, key: str) -> None:
+        scope = self.scope(suffix)
+        got = self.run(self.store.get(scope, key))
+        self.check_entry(f"get({scope!r}, {key!r})", got, self.model.live(scope, key))
+
+    @rule(
+        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        asked=st.lists(keys, min_size=1, max_size=8),
+        include_live=st.booleans(),
+    )
+    def get_many(self, suffix: str, asked: list[str], include_live: bool) -> None:
+        scope = self.scope(suffix)
+        if include_live:
+            # Every live key of the scope too, so completeness is checked on many keys.
+            asked = [*asked, *self.model.live_keys(scope)][::-1]
+        got = self.run(self.store.get_many(scope, asked))
+        want = {k: e for k in asked if (e := self.model.live(scope, k)) is not None}
+        where = f"get_many({scope!r}, {asked!r})"
+        assert set(got) == set(want), (
+            f"{where}: keys {sorted(got, key=_order)} != {sorted(want, key=_order)}"
+        )
+        for key, entry in want.items():
+            self.check_entry(f"{where}[{key!r}]", got[key], entry)
+
+    @rule(
+        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        prefix=prefixes,
+        start_after=st.one_of(st.none(), keys),
+        limit=st.integers(min_value=1, max_value=6),
+        with_values=st.booleans(),
+    )
+    def scan(
+        self, suffix: str, prefix: str, start_after: str | None, limit: int, with_values: bool
+    ) -> None:
+        scope = self.scope(suffix)
+        got = self.run(
+            self.store.scan(
+                scope, prefix=prefix, start_after=start_after, limit=limit, values=with_values
+            )
+        )
+        live = self.model.live_keys(scope, prefix)
+        if start_after is not None:
+            live = [k for k in live if _order(k) > _order(start_after)]
+        want = live[:limit]
+        where = (
+            f"scan({scope!r}, prefix={prefix!r}, start_after={start_after!r}, limit={limit}, "
+            f"values={with_values})"
+        )
+        assert [i.key for i in got] == want, f"{where}: {[i.key for i in got]} != {want}"
+        for item in got:
+            if with_values:
+                self.check_entry(
+                    f"{where}[{item.key!r}]", item.entry, self.model.live(scope, item.key)
+                )
+            else:
+                assert item.entry is None, f"{where}: values=False returned an entry"
+
+    @rule(
+        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        prefix=prefixes,
+        page=st.integers(min_value=1, max_value=4),
+    )
+    def scan_all_pages(self, suffix: str, prefix: str, page: int) -> None:
+        scope = self.scope(suffix)
+        seen: list[str] = []
+        start_after: str | None = None
+        while True:
+            batch = self.run(
+                self.store.scan(
+                    scope, prefix=prefix, start_after=start_after, limit=page, values=False
+                )
+            )
+            assert len(batch) <= page, f"scan(limit={page}) returned {len(batch)} items"
+            seen += [i.key for i in batch]
+            if len(batch) < page:
+                break
+            start_after = batch[-1].key
+        want = self.model.live_keys(scope, prefix)
+        assert seen == want, f"paging {scope!r} by {page} under {prefix!r}: {seen} != {want}"
+
+    @rule(
+        start=st.sampled_from(SCOPE_SUFFIXES),
+        start_after=st.one_of(st.none(), st.sampled_from(SCOPE_SUFFIXES)),
+        limit=st.integers(min_value=1, max_value=12),
+    )
+    def scopes(self, start: str, start_after: str | None, limit: int) -> None:
+        prefix = self.scope(start)
+        after = None if start_after is None else self.scope(start_after)
+        got = self.run(self.store.scopes(prefix=prefix, start_after=after, limit=limit))
+        names = {
+            s
+            for (s, k) in self.model.data
+            if s.startswith(prefix) and self.model.live(s, k) is not None
+        }
+        want = sorted((s for s in names if after is None or _order(s) > _order(after)), key=_order)[
+            :limit
+        ]
+        assert got == want, (
+            f"scopes(prefix={prefix!r}, start_after={after!r}, limit={limit}): {got} != {want}"
+        )
+
+    @rule(suffix=st.sampled_from(SCOPE_SUFFIXES))
+    def drop_scope(self, suffix: str) -> None:
+        scope = self.scope(suffix)
+        live = self.model.live_keys(scope)
+        dropped = self.run(self.store.drop_scope(scope))
+        assert dropped >= len(live), (
+            f"drop_scope({scope!r}) reported {dropped} deleted, {len(live)} were live"
+        )
+        for scope_key in [sk for sk in self.model.data if sk[0] == scope]:
+            del self.model.data[scope_key]
+
+    @rule(seconds=ticks)
+    def tick(self, seconds: int) -> None:
+        self.model.now += seconds
+
+    @precondition(lambda self: self.store.capabilities.commit)
+    @rule(
+        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        plan=st.lists(
+            st.tuples(
+                keys,
+                st.sampled_from(["create", "replace", "delete", "delete-any", "check"]),
+                version_choices,
+                values,
+                ttls,
+            ),
+            min_size=1,
+            max_size=4,
+            unique_by=lambda t: t[0],
+        ),
+    )
+    def commit(self, suffix: str, plan: list[tuple[str, str, str, bytes, float | None]]) -> None:
+        scope = self.scope(suffix)
+        ops: list[Operation] = []
+        failing: int | None = None
+        for index, (key, kind, choice, value, ttl) in enumerate(plan):
+            live = self.model.live(scope, key)
+            op: Operation
+            if kind == "create":
+                op, ok = Create(key, value, ttl), live is None
+            elif kind == "replace":
+                expected = self.expected_version(scope, key, choice)
+                op = Replace(key, value, expected, ttl)
+                ok = live is not None and live.version == expected
+            elif kind == "delete":
+                expected = self.expected_version(scope, key, choice)
+                op = Delete(key, expected)
+                ok = live is not None and live.version == expected
+            elif kind == "delete-any":
+                op, ok = Delete(key, None), True
+            else:
+                want_version = (
+                    None if choice == "bogus" else self.expected_version(scope, key, choice)
+                )
+                op = Check(key, want_version)
+                ok = (live.version if live else None) == want_version
+            ops.append(op)
+            if not ok and failing is None:
+                failing = index
+        where = f"commit({scope!r}, {ops!r})"
+        if failing is not None:
+            conflict: ConflictError | None = None
+            try:
+                self.run(self.store.commit(scope, ops))
+            except ConflictError as exc:
+                conflict = exc
+            assert conflict is not None, (
+                f"{where} succeeded; operation {failing} should have failed"
+            )
+            assert conflict.index == failing, (
+                f"{where}: conflict index {conflict.index} != {failing}"
+            )
+            return
+        results = self.run(self.store.commit(scope, ops))
+        assert len(results) == len(ops), f"{where} returned {results!r}"
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(op, Create | Replace):
+                assert result is not None, f"{where}: no version for {op!r}"
+                self.fresh(result, where)
+                self.model.put(scope, op.key, op.value, result, op.ttl)
+            else:
+                assert result is None, f"{where}: {op!r} returned {result!r}"
+                if isinstance(op, Delete):
+                    self.model.data.pop((scope, op.key), None)
+
+    def teardown(self) -> None:
+        # The suite cleans up after itself, also on a shared server.
+        for suffix in SCOPE_SUFFIXES:
+            self.run(self.store.drop_scope(self.scope(suffix)))
+
+
+def run_model(store: KVStore, namespace: str, runner: Runner, *, examples: int, steps: int) -> None:
+    """Run the state machine on ``store`` for ``examples`` sequences of up to ``steps`` operations."""
+    machine = type(
+        "KVModelTest",
+        (KVMachine,),
+        {"store": store, "namespace": namespace, "runner": staticmethod(runner), "examples": 0},
+    )
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            database=None,
+            print_blob=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
