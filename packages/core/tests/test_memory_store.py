@@ -16,6 +16,7 @@ from agent_stores import (
     open_kv,
     open_memory,
 )
+from agent_stores.damage import list_quarantined
 from agent_stores.kv.counting import CountingKV
 from agent_stores.memory import KVMemoryStore, append_memory, read_whole
 from agent_stores_contract.memory import MemoryContract, crash_content, op
@@ -206,7 +207,9 @@ async def test_scope_prefixes_isolate_stores() -> None:
     await b.write("u/main/MEMORY.md", "b", expected_version=None, operation=op("same", "other"))
 
 
-async def test_corrupt_record_is_reported_not_overwritten() -> None:
+async def test_corrupt_record_is_reported_and_overwritten_only_unconditionally() -> None:
+    """Reading it raises; a versioned write cannot match it; an unconditional overwrite
+    replaces it after moving its raw bytes into the quarantine scope (issue 14)."""
     kv = open_kv(f"memory://bad-{_name()}")
     store = KVMemoryStore(kv)
     await store.write("u/main/a.md", "fine", expected_version=None)
@@ -217,9 +220,14 @@ async def test_corrupt_record_is_reported_not_overwritten() -> None:
     with pytest.raises(CorruptRecordError):
         await store.read("u/main/a.md", max_chars=10)
     with pytest.raises(CorruptRecordError):
-        await store.write("u/main/a.md", "x", expected_version=None)
+        await store.write("u/main/a.md", "x", expected_version="some-version")
     raw = await kv.get(scope, "a.md")
     assert raw is not None and raw.value == b"\xff not json"
+    await store.write("u/main/a.md", "x", expected_version=None)
+    again = await store.read("u/main/a.md", max_chars=10)
+    assert again is not None and again.content == "x"
+    kept = await list_quarantined(kv)
+    assert [q.raw for q in kept] == [b"\xff not json"]
 
 
 async def test_collect_garbage_removes_only_old_orphans() -> None:

@@ -33,6 +33,7 @@ from pydantic_ai_harness.step_persistence import (
     ToolEffectRecord,
 )
 
+from ..damage import ProblemLog
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import KVStore
 from ..lifecycle import AsyncCloseable
@@ -244,6 +245,8 @@ class KVStepStore(AsyncCloseable):
         self._pointers: LRU[str, tuple[dict[str, Any], str]] = LRU(_CACHE_RUNS)
         self._effect_versions: LRU[tuple[str, str], str] = LRU(_CACHE_RUNS * 4)
 
+        #: Records listings skipped because they cannot be decoded.
+        self.problems = ProblemLog("runs")
     def __repr__(self) -> str:
         return f"<KVStepStore {self.kv.describe()} scope_prefix={self.space.scope_prefix!r}>"
 
@@ -342,7 +345,15 @@ class KVStepStore(AsyncCloseable):
         else:
             index = self.space.runs_scope
         run_ids = [item.key async for item in self.kv.iter_scan(index, page_size=500, values=False)]
-        records = await bounded_gather([partial(self.get_run, run_id=r) for r in run_ids], 16)
+
+        async def readable(run_id: str) -> RunRecord | None:
+            try:
+                return await self.get_run(run_id=run_id)
+            except CorruptRecordError as exc:
+                self.problems.report(f"{self.space.scope(run_id)}/{_RUN}", exc)
+                return None
+
+        records = await bounded_gather([partial(readable, r) for r in run_ids], 16)
         matching = [
             r
             for r in records
@@ -366,18 +377,22 @@ class KVStepStore(AsyncCloseable):
             await self.space.give_back(run_id, EVENTS_LOG, seq)
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
-        """The run's events in append order."""
+        """The run's events in append order (an undecodable one is skipped and reported)."""
         out: list[tuple[int, StepEvent]] = []
-        for key, record, _ in await self.space.scan_records(run_id, f"{EVENTS_LOG}/"):
-            full = await self.space.unpack(run_id, record, what=f"step event {key!r}")
+        scope = self.space.scope(run_id)
+        async for item in self.kv.iter_scan(scope, prefix=f"{EVENTS_LOG}/", page_size=200):
+            assert item.entry is not None
+            what = f"step event {item.key!r} of run {run_id!r}"
             try:
                 out.append((int(full["seq"]), event_from_dict(full["event"])))
             except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptRecordError(
-                    detail=f"step event {key!r} of run {run_id!r} cannot be decoded: {exc}"
-                ) from exc
+                self.problems.report(f"{scope}/{item.key}", f"{what} cannot be decoded: {exc}")
         out.sort(key=lambda pair: pair[0])
+                record = decode_record(item.entry.value, what=what)
+                full = await self.space.unpack(run_id, record, what=what)
         return [event for _, event in out]
+            except CorruptRecordError as exc:
+                self.problems.report(f"{scope}/{item.key}", exc)
 
     # -- snapshots ----------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from ..damage import ProblemLog, quarantine
 from ..errors import (
     BackendUnavailableError,
     ConflictError,
@@ -159,6 +160,8 @@ class KVMemoryStore(AsyncCloseable):
         # costs no marker writes after the first time.
         self._known_dirs: set[str] = set()
 
+        #: Records listings and searches skipped because they cannot be decoded.
+        self.problems = ProblemLog("memory")
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
 
@@ -195,7 +198,8 @@ class KVMemoryStore(AsyncCloseable):
                 )
             if record.token == previous_token:
                 raise CorruptRecordError(
-                    detail=f"memory file {path!r}: chunks of its current version are missing"
+                    detail=f"memory file {path!r} (version {record.version}): chunks of its "
+                    f"current version are missing or damaged"
                 )
             previous_token = record.token
         raise BackendUnavailableError(detail=f"memory file {path!r} kept changing while being read")
@@ -318,7 +322,11 @@ class KVMemoryStore(AsyncCloseable):
                     break
                 if item.key.endswith(MARKER_SUFFIX):
                     continue
-                record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
+                try:
+                    record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
+                except CorruptRecordError as exc:
+                    self.problems.report(base + item.key, exc)
+                    continue
                 if record is None or not record.live:
                     continue
                 selected.append((item.key, record))
@@ -337,7 +345,11 @@ class KVMemoryStore(AsyncCloseable):
                 content_truncated = content_truncated or record.length > max_file_chars
             else:
                 # Rewritten since the scan: read the current version on its own (rare).
-                current = await self.read(base + name, max_chars=max_file_chars)
+                try:
+                    current = await self.read(base + name, max_chars=max_file_chars)
+                except CorruptRecordError as exc:
+                    self.problems.report(base + name, exc)
+                    continue
                 if current is None:
                     continue
                 text = current.content
@@ -422,7 +434,21 @@ class KVMemoryStore(AsyncCloseable):
         try:
             for _ in range(_MAX_CAS_ROUNDS):
                 entry, indexed = await self._load(loc, operation)
-                record = self._decode(entry, loc)
+                try:
+                    record = self._decode(entry, loc)
+                except CorruptRecordError as exc:
+                    assert entry is not None
+                    # Its version is unknowable, so only an unconditional write or delete
+                    # (expected_version=None) may replace it; its bytes are kept aside.
+                    if expected_version is not None:
+                        raise
+                    self.problems.report(loc.path, exc)
+                    await quarantine(self.kv, loc.scope, loc.name, entry, reason=exc.detail)
+                    record = FileRecord(live=False)
+                    if delete and operation is None:
+                        # Delete needs no decodable body; a tombstone keeps no receipts.
+                        await self.kv.delete(loc.scope, loc.name, expected_version=entry.version)
+                        return MemoryMutation(version=None, replayed=False, existed=True)
                 if operation is not None:
                     replay = self._replay(operation, indexed, record)
                     if replay is not None:
@@ -497,7 +523,15 @@ class KVMemoryStore(AsyncCloseable):
     async def _get_index(self, operation: MemoryOperation) -> IndexEntry | None:
         scope, key = self._index_key(operation)
         entry = await self.kv.get(scope, key)
-        return None if entry is None else IndexEntry.load(entry.value, where=repr(f"{scope}/{key}"))
+        if entry is None:
+            return None
+        try:
+            return IndexEntry.load(entry.value, where=repr(f"{scope}/{key}"))
+        except CorruptRecordError as exc:
+            # The receipt in the file record stays authoritative; a damaged index entry
+            # costs only the lookup through the index.
+            self.problems.report(f"{scope}/{key}", exc)
+            return None
 
     def _replay(
         self, operation: MemoryOperation, indexed: IndexEntry | None, record: FileRecord | None
@@ -711,7 +745,10 @@ class KVMemoryStore(AsyncCloseable):
                 keys = record.chunk_keys(name, max_chars)
                 if any(k not in chunks for k in keys):
                     continue
-                text = "".join(decode_text(chunks[k].value) for k in keys)[:max_chars]
+                try:
+                    text = "".join(decode_text(chunks[k].value) for k in keys)[:max_chars]
+                except UnicodeDecodeError:
+                    continue  # a damaged chunk: the caller reports the file as corrupt
             else:
                 text = (record.content or "")[:max_chars]
             meta = record.metadata
@@ -719,7 +756,10 @@ class KVMemoryStore(AsyncCloseable):
                 keys = record.metadata_keys(name)
                 if any(k not in chunks for k in keys):
                     continue
-                meta = b"".join(chunks[k].value for k in keys).decode("utf-8", "surrogatepass")
+                try:
+                    meta = b"".join(chunks[k].value for k in keys).decode("utf-8", "surrogatepass")
+                except UnicodeDecodeError:
+                    continue
             out[name] = (text, meta)
         return out
 
@@ -742,7 +782,11 @@ class KVMemoryStore(AsyncCloseable):
                         async for found in nested:
                             yield found
                     continue
-                record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
+                try:
+                    record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
+                except CorruptRecordError as exc:
+                    self.problems.report(base + item.key, exc)
+                    continue
                 if record is not None and record.live:
                     yield base + item.key, item.key, record
             if len(page) < page_size:
@@ -784,7 +828,14 @@ class KVMemoryStore(AsyncCloseable):
         doomed: list[str] = []
         for name, chunks in by_name.items():
             entry = records.get(name)
-            record = FileRecord.load(entry.value, where=repr(f"{scope}/{name}")) if entry else None
+            try:
+                record = (
+                    FileRecord.load(entry.value, where=repr(f"{scope}/{name}")) if entry else None
+                )
+            except CorruptRecordError as exc:
+                # Which chunks a damaged record references is unknown: keep them all.
+                self.problems.report(f"{scope}/{name}", exc)
+                continue
             keep = record.token if record is not None and record.live else None
             for token, key in chunks:
                 if token != keep and _token_age(token, now) >= self._chunk_grace:

@@ -1,0 +1,154 @@
+"""One rule for damaged records: a record that cannot be decoded costs only itself.
+
+Every store (sessions, memory, checkpointer) follows it (see ``docs/design.md``):
+
+* an operation on *other* records keeps working: listings and searches skip the
+  undecodable record, log one warning and add a :class:`RecordProblem` to the store's
+  :class:`ProblemLog` (``store.problems``), which the caller can read and clear;
+* an operation *on* the damaged record raises a typed error (``RECORD_CORRUPTED``,
+  ``SESSION_INVALID``) and changes nothing, except the explicit ways out: overwriting or
+  deleting it (memory), resetting it (sessions), deleting the run (checkpointer);
+* nothing is dropped silently: an overwrite moves the raw bytes into the quarantine scope
+  first (:func:`quarantine`), and ``agent-stores doctor --repair`` does the same for
+  every damaged record it finds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .kv.base import Entry, KVStore
+
+logger = logging.getLogger("agent_stores.damage")
+
+#: The KV scope holding quarantined records (raw bytes plus where they came from).
+QUARANTINE_SCOPE = "agent-stores:quarantine"
+#: Problems a store remembers for its caller; older ones are dropped (they were logged).
+DEFAULT_PROBLEM_LOG_SIZE = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RecordProblem:
+    """One record an operation skipped because it could not be decoded."""
+
+    store: str
+    """``memory``, ``sessions`` or ``runs``."""
+    where: str
+    """The record's location (``scope/key``), as the store names it."""
+    detail: str
+    """Why it could not be used."""
+
+
+class ProblemLog:
+    """The records a store skipped, newest last; bounded, so a long-lived store never grows.
+
+    Iterate it, or :meth:`take` to read and clear. Each problem is also logged once as a
+    warning on the ``agent_stores.damage`` logger.
+    """
+
+    def __init__(self, store: str, maxlen: int = DEFAULT_PROBLEM_LOG_SIZE) -> None:
+        self.store = store
+        self._items: deque[RecordProblem] = deque(maxlen=maxlen)
+
+    def report(self, where: str, error: BaseException | str) -> RecordProblem:
+        detail = getattr(error, "detail", None) or str(error)
+        problem = RecordProblem(self.store, where, detail)
+        self._items.append(problem)
+        logger.warning("%s: skipped damaged record %s: %s", self.store, where, detail)
+        return problem
+
+    def take(self) -> list[RecordProblem]:
+        """The problems reported so far, clearing the log."""
+        out = list(self._items)
+        self._items.clear()
+        return out
+
+    def __iter__(self) -> Iterator[RecordProblem]:
+        return iter(list(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __repr__(self) -> str:
+        return f"<ProblemLog {self.store} {len(self._items)} problem(s)>"
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """A record moved aside: its origin and its bytes exactly as they were stored."""
+
+    key: str
+    """Key in :data:`QUARANTINE_SCOPE`."""
+    scope: str
+    origin_key: str
+    version: str
+    reason: str
+    at: float
+    raw: bytes
+
+
+def encode_quarantined(
+    scope: str, key: str, entry: Entry, reason: str, at: float
+) -> tuple[str, bytes]:
+    """The quarantine key and value for ``entry``: a JSON header line, then the raw bytes."""
+    header = {
+        "f": 1,
+        "scope": scope,
+        "key": key,
+        "version": entry.version,
+        "reason": reason,
+        "at": round(at, 3),
+    }
+    qkey = f"{int(at * 1000):013d}-{uuid.uuid4().hex[:12]}"
+    return qkey, json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n" + entry.value
+
+
+def decode_quarantined(key: str, value: bytes) -> Quarantined:
+    """Inverse of :func:`encode_quarantined` (``ValueError`` for something else)."""
+    head, sep, raw = value.partition(b"\n")
+    if not sep:
+        raise ValueError(f"quarantine entry {key!r} has no header line")
+    header = json.loads(head)
+    return Quarantined(
+        key,
+        str(header["scope"]),
+        str(header["key"]),
+        str(header["version"]),
+        str(header["reason"]),
+        float(header["at"]),
+        raw,
+    )
+
+
+async def quarantine(kv: KVStore, scope: str, key: str, entry: Entry, *, reason: str) -> str:
+    """Copy ``entry`` (read from ``(scope, key)``) into the quarantine scope; return its key.
+
+    Only copies: the caller removes or replaces the original afterwards, conditionally on
+    ``entry.version``, so a crash in between leaves a duplicate, never a loss.
+    """
+    qkey, value = encode_quarantined(scope, key, entry, reason, kv.clock())
+    await kv.create(QUARANTINE_SCOPE, qkey, value)
+    logger.warning(
+        "quarantined damaged record %s/%s as %s/%s (%s)", scope, key, QUARANTINE_SCOPE, qkey, reason
+    )
+    return qkey
+
+
+async def list_quarantined(kv: KVStore) -> list[Quarantined]:
+    """Every quarantined record, oldest first."""
+    out: list[Quarantined] = []
+    async for item in kv.iter_scan(QUARANTINE_SCOPE):
+        assert item.entry is not None
+        try:
+            out.append(decode_quarantined(item.key, item.entry.value))
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("unreadable quarantine entry %s: %s", item.key, exc)
+    return out
