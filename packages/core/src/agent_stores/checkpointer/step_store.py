@@ -244,9 +244,9 @@ class KVStepStore(AsyncCloseable):
         self._known_messages: LRU[str, set[str]] = LRU(64)
         self._pointers: LRU[str, tuple[dict[str, Any], str]] = LRU(_CACHE_RUNS)
         self._effect_versions: LRU[tuple[str, str], str] = LRU(_CACHE_RUNS * 4)
-
         #: Records listings skipped because they cannot be decoded.
         self.problems = ProblemLog("runs")
+
     def __repr__(self) -> str:
         return f"<KVStepStore {self.kv.describe()} scope_prefix={self.space.scope_prefix!r}>"
 
@@ -384,15 +384,15 @@ class KVStepStore(AsyncCloseable):
             assert item.entry is not None
             what = f"step event {item.key!r} of run {run_id!r}"
             try:
+                record = decode_record(item.entry.value, what=what)
+                full = await self.space.unpack(run_id, record, what=what)
                 out.append((int(full["seq"]), event_from_dict(full["event"])))
+            except CorruptRecordError as exc:
+                self.problems.report(f"{scope}/{item.key}", exc)
             except (KeyError, TypeError, ValueError) as exc:
                 self.problems.report(f"{scope}/{item.key}", f"{what} cannot be decoded: {exc}")
         out.sort(key=lambda pair: pair[0])
-                record = decode_record(item.entry.value, what=what)
-                full = await self.space.unpack(run_id, record, what=what)
         return [event for _, event in out]
-            except CorruptRecordError as exc:
-                self.problems.report(f"{scope}/{item.key}", exc)
 
     # -- snapshots ----------------------------------------------------------------------
 

@@ -159,9 +159,9 @@ class KVMemoryStore(AsyncCloseable):
         # Directories whose markers this process has seen written: creating a file in one
         # costs no marker writes after the first time.
         self._known_dirs: set[str] = set()
-
         #: Records listings and searches skipped because they cannot be decoded.
         self.problems = ProblemLog("memory")
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
 
