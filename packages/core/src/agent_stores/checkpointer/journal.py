@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
+from .. import telemetry
 from ..errors import CorruptRecordError
 from ..kv.base import KVStore
 from ..lifecycle import AsyncCloseable
@@ -88,6 +89,7 @@ class Checkpointer(AsyncCloseable):
 
     # -- the journal --------------------------------------------------------------------------
 
+    @telemetry.traced("journal.append")
     async def append(self, run_id: str, event: JournalEvent) -> AppendResult:
         """Append ``event`` to the run's journal; idempotent by ``(run_id, step_id, phase)``.
 
@@ -103,6 +105,7 @@ class Checkpointer(AsyncCloseable):
             await self.space.give_back(run_id, JOURNAL_LOG, seq)
         return result
 
+    @telemetry.traced("journal.append_many")
     async def append_many(self, run_id: str, events: Sequence[JournalEvent]) -> list[AppendResult]:
         """Append several events in order with one position reservation.
 
@@ -134,6 +137,7 @@ class Checkpointer(AsyncCloseable):
         first = await self.space.allocate(run_id, JOURNAL_LOG, count)
         return range(first, first + count)
 
+    @telemetry.traced("journal.append_at")
     async def append_at(self, run_id: str, event: JournalEvent, seq: int) -> AppendResult:
         """Append ``event`` at a position obtained from :meth:`reserve`.
 
@@ -160,6 +164,7 @@ class Checkpointer(AsyncCloseable):
             seq=stored_seq, duplicate=True, payload_diverged=stored.get("fp") != fingerprint
         )
 
+    @telemetry.traced("journal.load")
     async def load(self, run_id: str) -> RunState:
         """The run's journal in write order (empty for an unknown run)."""
         records = await self.space.scan_records(run_id, f"{JOURNAL_LOG}/")
@@ -195,6 +200,7 @@ class Checkpointer(AsyncCloseable):
 
     # -- retention ------------------------------------------------------------------------
 
+    @telemetry.traced("journal.list_runs")
     async def list_runs(self, *, start_after: str | None = None, limit: int = 100) -> list[RunInfo]:
         """Runs in run-id byte order, paginated (``start_after`` the last id of a page)."""
         items = await self.kv.scan(self.space.runs_scope, start_after=start_after, limit=limit)
@@ -218,6 +224,7 @@ class Checkpointer(AsyncCloseable):
             run_id, float(created) if isinstance(created, int | float) else 0.0, entry.expires_at
         )
 
+    @telemetry.traced("journal.delete_run")
     async def delete_run(self, run_id: str) -> bool:
         """Erase a run: journal, step events, snapshots, tool effects and index entries.
 

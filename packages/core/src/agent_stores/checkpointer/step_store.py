@@ -33,6 +33,7 @@ from pydantic_ai_harness.step_persistence import (
     ToolEffectRecord,
 )
 
+from .. import telemetry
 from ..damage import ProblemLog
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import KVStore
@@ -267,6 +268,7 @@ class KVStepStore(AsyncCloseable):
 
     # -- runs ---------------------------------------------------------------------------
 
+    @telemetry.traced("steps.register_run")
     async def register_run(self, record: RunRecord) -> None:
         """Record a run's lineage. Run ids are single-shot: a second registration raises
         :class:`RunExistsError` (a ``ValueError``); a retry of the same registration
@@ -325,11 +327,13 @@ class KVStepStore(AsyncCloseable):
                 detail=f"run record of {run_id!r} cannot be decoded: {exc}"
             ) from exc
 
+    @telemetry.traced("steps.get_run")
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         """The registered run, or None."""
         entry = await self.kv.get(self.space.scope(run_id), _RUN)
         return self._decode_run(entry.value, run_id) if entry is not None else None
 
+    @telemetry.traced("steps.list_runs")
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
@@ -365,6 +369,7 @@ class KVStepStore(AsyncCloseable):
 
     # -- events -------------------------------------------------------------------------
 
+    @telemetry.traced("steps.append_event")
     async def append_event(self, event: StepEvent) -> None:
         """Append an event; a repeated ``idempotency_key`` within the run is suppressed."""
         run_id = event.run_id
@@ -376,6 +381,7 @@ class KVStepStore(AsyncCloseable):
         if not created.created:
             await self.space.give_back(run_id, EVENTS_LOG, seq)
 
+    @telemetry.traced("steps.list_events")
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         """The run's events in append order (an undecodable one is skipped and reported)."""
         out: list[tuple[int, StepEvent]] = []
@@ -396,6 +402,7 @@ class KVStepStore(AsyncCloseable):
 
     # -- snapshots ----------------------------------------------------------------------
 
+    @telemetry.traced("steps.save_snapshot")
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         """Save a continuable snapshot; a repeated ``idempotency_key`` is suppressed,
         also after the first save was pruned."""
@@ -569,6 +576,7 @@ class KVStepStore(AsyncCloseable):
             idempotency_key=_opt(record.get("idempotency_key")),
         )
 
+    @telemetry.traced("steps.latest_snapshot")
     async def latest_snapshot(
         self, *, run_id: str, include_interrupted: bool = False
     ) -> ContinuableSnapshot | None:
@@ -590,6 +598,7 @@ class KVStepStore(AsyncCloseable):
             return await self._snapshot_from(run_id, record)
         return None  # pragma: no cover
 
+    @telemetry.traced("steps.list_snapshots")
     async def list_snapshots(
         self, *, run_id: str, include_interrupted: bool = False
     ) -> list[ContinuableSnapshot]:
@@ -629,6 +638,7 @@ class KVStepStore(AsyncCloseable):
 
     # -- tool effects -------------------------------------------------------------------
 
+    @telemetry.traced("steps.record_tool_effect")
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         """Insert or replace the effect record of ``(run_id, tool_call_id)``."""
         run_id = record.run_id
@@ -671,6 +681,7 @@ class KVStepStore(AsyncCloseable):
                 detail=f"tool effect of {run_id!r} cannot be decoded: {exc}"
             ) from exc
 
+    @telemetry.traced("steps.get_tool_effect")
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """The latest effect record of a tool call, or None."""
         entry = await self.kv.get(self.space.scope(run_id), f"t/{_ident(tool_call_id)}")
@@ -679,6 +690,7 @@ class KVStepStore(AsyncCloseable):
         self._effect_versions.set((run_id, tool_call_id), entry.version)
         return await self._decode_effect(run_id, entry.value)
 
+    @telemetry.traced("steps.list_unresolved_tool_effects")
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
         """Effect records whose latest status is ``started`` (in flight at the last write)."""
         out: list[ToolEffectRecord] = []

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
+from .. import telemetry
 from ..damage import ProblemLog, quarantine
 from ..errors import (
     BackendUnavailableError,
@@ -174,6 +175,7 @@ class KVMemoryStore(AsyncCloseable):
 
     # -- MemoryStore ----------------------------------------------------------------------
 
+    @telemetry.traced("memory.read")
     async def read(self, path: str, *, max_chars: int) -> MemoryFile | None:
         """The file at ``path`` cut to ``max_chars`` characters (``truncated`` set), or None."""
         validate_store_path(path)
@@ -204,6 +206,7 @@ class KVMemoryStore(AsyncCloseable):
             previous_token = record.token
         raise BackendUnavailableError(detail=f"memory file {path!r} kept changing while being read")
 
+    @telemetry.traced("memory.get_operation")
     async def get_operation(self, operation: MemoryOperation) -> MemoryMutation | None:
         """The result of a completed ``operation`` (``replayed=True``), or None if unknown.
 
@@ -229,6 +232,7 @@ class KVMemoryStore(AsyncCloseable):
             path, content, expected_version=expected_version, metadata=None, operation=operation
         )
 
+    @telemetry.traced("memory.write")
     async def write_with_metadata(
         self,
         path: str,
@@ -247,6 +251,7 @@ class KVMemoryStore(AsyncCloseable):
             self._locate(path), content, encoded, expected_version, operation, delete=False
         )
 
+    @telemetry.traced("memory.delete")
     async def delete(
         self,
         path: str,
@@ -261,6 +266,7 @@ class KVMemoryStore(AsyncCloseable):
             self._locate(path), None, None, expected_version, operation, delete=True
         )
 
+    @telemetry.traced("memory.list")
     async def list_paths(self, prefix: str = "", *, limit: int) -> list[str]:
         """Up to ``limit`` stored paths starting with ``prefix``, sorted (nested ones included).
 
@@ -281,6 +287,7 @@ class KVMemoryStore(AsyncCloseable):
 
     # -- SearchableMemoryStore ------------------------------------------------------------
 
+    @telemetry.traced("memory.search")
     async def search(
         self,
         prefix: str,
@@ -366,6 +373,7 @@ class KVMemoryStore(AsyncCloseable):
 
     # -- maintenance ----------------------------------------------------------------------
 
+    @telemetry.traced("memory.collect_garbage")
     async def collect_garbage(self, directory: str = "") -> int:
         """Delete chunks no record references (left by a crash mid-write) under ``directory``.
 

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
 
+from .. import telemetry
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore
 from ..lifecycle import AsyncCloseable
@@ -91,6 +92,7 @@ class Session:
                 )
         self._replacement = items
 
+    @telemetry.traced("session.checkpoint", kv=lambda s: s._turn.store.kv)
     async def checkpoint(self, messages: Sequence[ModelMessage]) -> None:
         """Save ``messages`` now, keeping the turn; it stays saved even if the block fails later.
 
@@ -101,6 +103,7 @@ class Session:
         items = list(messages)
         await self._turn.locked(lambda: self._turn.storage.checkpoint(self._handle, items))
 
+    @telemetry.traced("session.mark_effects", kv=lambda s: s._turn.store.kv)
     async def mark_effects(self, calls: Iterable[EffectCall | tuple[str, str]]) -> None:
         """Durably record effect calls (tool name and call id, never arguments) before they run.
 
@@ -161,6 +164,7 @@ class _Turn:
 
     # -- enter ----------------------------------------------------------------------------
 
+    @telemetry.turn_enter
     async def __aenter__(self) -> Session:
         self._task = asyncio.current_task()
         handle = await self.store._acquire(self.session_id, self.timeout_seconds)
@@ -239,6 +243,7 @@ class _Turn:
 
     # -- exit -----------------------------------------------------------------------------
 
+    @telemetry.turn_exit
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -544,6 +549,7 @@ class SessionStore(AsyncCloseable):
 
     # -- administration -------------------------------------------------------------------
 
+    @telemetry.traced("session.reset")
     async def reset(self, session_id: str, *, timeout_seconds: float = 5.0) -> bool:
         """Delete the session's history and recovery marker. True if it existed.
 
@@ -565,6 +571,7 @@ class SessionStore(AsyncCloseable):
         finally:
             self._release_queue(session_id)
 
+    @telemetry.traced("session.clear_recovery")
     async def clear_recovery(self, session_id: str, *, timeout_seconds: float = 5.0) -> bool:
         """Clear the recovery marker and keep the history. True if a marker was set.
 
@@ -582,16 +589,19 @@ class SessionStore(AsyncCloseable):
         finally:
             self._release_queue(session_id)
 
+    @telemetry.traced("session.inspect")
     async def inspect(self, session_id: str) -> SessionInfo | None:
         """History length, lease holder and expiry, pending effect calls; None if absent. No lease taken."""
         self._check_open()
         return await self.storage.inspect(session_id)
 
+    @telemetry.traced("session.read_messages")
     async def read_messages(self, session_id: str) -> list[ModelMessage] | None:
         """A snapshot of the saved history without taking the lease (None if absent)."""
         self._check_open()
         return await self.storage.read_messages(session_id)
 
+    @telemetry.traced("session.list")
     async def list_sessions(
         self,
         prefix: str = "",

@@ -1,0 +1,297 @@
+"""OpenTelemetry spans and metrics for store operations (the ``otel`` extra).
+
+Emitted through OpenTelemetry's *global* tracer and meter providers, as instrumented
+libraries do: nothing is exported until the application configures a provider (the
+OpenTelemetry SDK, Logfire, …). Without ``opentelemetry-api`` installed every helper
+here is the identity; with it but without a configured tracer provider a traced call
+costs one provider lookup and creates no span.
+
+Spans (``agent_stores.<store>.<operation>``, kind CLIENT) carry the database semantic
+conventions: ``db.system`` / ``db.system.name``, ``db.operation.name``, and, for networked
+backends, ``server.address`` / ``server.port`` taken from the store's redacted
+description (never a password or a query string). On failure they get status ERROR and
+``error.type`` = the agent-stores error code (or the exception's class name). No id,
+path, message or value is ever put in an attribute.
+
+Metrics (meter ``agent_stores``): ``agent_stores.operation.duration`` (s, per operation),
+``agent_stores.session.turn.duration`` (s, acquire to release), ``agent_stores.session.lease.wait``
+(s, time to obtain the lease), ``agent_stores.session.handovers``,
+``agent_stores.conflicts`` and ``agent_stores.retries`` (counters).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
+
+_AVAILABLE: bool
+try:
+    from opentelemetry import metrics as _metrics
+    from opentelemetry import trace as _trace
+
+    _AVAILABLE = True
+except ImportError:  # the otel extra is not installed: every helper is a no-op
+    _AVAILABLE = False
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+SCOPE = "agent_stores"
+#: ``db.system`` values for the backend names agent-stores knows (others pass through).
+_DB_SYSTEMS = {
+    "postgres": "postgresql",
+    "postgresql": "postgresql",
+    "redis": "redis",
+    "redis-cluster": "redis",
+    "sqlite": "sqlite",
+    "dynamodb": "aws.dynamodb",
+    "cosmos": "azure.cosmosdb",
+    "firestore": "gcp.firestore",
+}
+_CONFLICT_CODES = frozenset({"KV_CONFLICT", "SESSION_BUSY", "RUN_EXISTS"})
+_CONFLICT_CLASSES = frozenset({"MemoryConflictError", "MemoryOperationConflictError"})
+
+_attributes_cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def enabled() -> bool:
+    """True when the API is installed and the application configured a tracer provider."""
+    return _AVAILABLE and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+
+
+def backend_attributes(kv: Any) -> dict[str, Any]:
+    """Semantic-convention attributes of a KV store (cached per store object)."""
+    if kv is None:
+        return {}
+    try:
+        return _attributes_cache[kv]
+    except (KeyError, TypeError):
+        pass
+    name = str(getattr(kv, "backend_name", "") or "unknown")
+    system = _DB_SYSTEMS.get(name, name)
+    attrs: dict[str, Any] = {"db.system": system, "db.system.name": system}
+    described = _safe_describe(kv)
+    if "://" in described:
+        from .url import StoreURL
+
+        try:
+            parsed = StoreURL.parse(described.split()[0])
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.host:
+            attrs["server.address"] = parsed.host
+            if parsed.port is not None:
+                attrs["server.port"] = parsed.port
+    try:
+        _attributes_cache[kv] = attrs
+    except TypeError:
+        pass
+    return attrs
+
+
+def _safe_describe(kv: Any) -> str:
+    try:
+        return str(kv.describe())
+    except Exception:
+        return ""
+
+
+def error_type(exc: BaseException) -> str:
+    """``error.type``: the agent-stores error code, else the exception's class name."""
+    code = getattr(exc, "code", None)
+    value = getattr(code, "value", code)
+    return str(value) if isinstance(value, str) and value else type(exc).__name__
+
+
+@contextmanager
+def span(operation: str, kv: Any = None, **attributes: Any) -> Iterator[Any]:
+    """A CLIENT span ``agent_stores.<operation>`` with the store's attributes (None when off).
+
+    Records ``agent_stores.operation.duration`` and counts conflicts. ``attributes`` must
+    be counts or names chosen by agent-stores, never caller data.
+    """
+    if not enabled():
+        yield None
+        return
+    tracer = _trace.get_tracer(SCOPE)
+    attrs = {**backend_attributes(kv), "db.operation.name": operation, **attributes}
+    started = time.perf_counter()
+    outcome = "ok"
+    with tracer.start_as_current_span(
+        f"agent_stores.{operation}",
+        kind=_trace.SpanKind.CLIENT,
+        attributes=attrs,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            kind = error_type(exc)
+            outcome = kind
+            if not _is_cancellation(exc):
+                current.set_attribute("error.type", kind)
+                current.set_status(_trace.Status(_trace.StatusCode.ERROR, kind))
+                if kind in _CONFLICT_CODES or type(exc).__name__ in _CONFLICT_CLASSES:
+                    _instruments().conflicts.add(1, {"db.operation.name": operation})
+            raise
+        finally:
+            _instruments().duration.record(
+                time.perf_counter() - started,
+                {
+                    "db.operation.name": operation,
+                    "db.system.name": attrs.get("db.system.name", "unknown"),
+                    "outcome": outcome,
+                },
+            )
+
+
+def traced(
+    operation: str, kv: Callable[[Any], Any] = lambda self: getattr(self, "kv", None)
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+    """Decorate an async store method: one span per call (identity without the extra).
+
+    ``kv`` finds the KV store from ``self`` for the backend attributes.
+    """
+
+    def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+        if not _AVAILABLE:
+            return fn
+
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            if not enabled():
+                return await fn(*args, **kwargs)
+            with span(operation, _find_kv(kv, args)):
+                return await fn(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _find_kv(kv: Callable[[Any], Any], args: tuple[Any, ...]) -> Any:
+    try:
+        return kv(args[0]) if args else None
+    except Exception:
+        return None
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    import asyncio
+
+    return isinstance(exc, asyncio.CancelledError | GeneratorExit)
+
+
+# -- metrics ----------------------------------------------------------------------------
+
+
+class _Instruments:
+    def __init__(self) -> None:
+        meter = _metrics.get_meter(SCOPE)
+        self.duration = meter.create_histogram(
+            "agent_stores.operation.duration", unit="s", description="Store operation latency."
+        )
+        self.turn = meter.create_histogram(
+            "agent_stores.session.turn.duration",
+            unit="s",
+            description="Session turn latency, from acquiring the lease to releasing it.",
+        )
+        self.lease_wait = meter.create_histogram(
+            "agent_stores.session.lease.wait",
+            unit="s",
+            description="Time a turn waited to obtain the session's lease.",
+        )
+        self.handovers = meter.create_counter(
+            "agent_stores.session.handovers",
+            description="Sessions passed from one client to a waiting one.",
+        )
+        self.conflicts = meter.create_counter(
+            "agent_stores.conflicts", description="Operations that lost a conditional write."
+        )
+        self.retries = meter.create_counter(
+            "agent_stores.retries", description="Backend calls retried after a transient error."
+        )
+
+
+@functools.cache
+def _instruments() -> _Instruments:
+    # Instruments from the global meter are proxies until a provider is set, then live.
+    return _Instruments()
+
+
+def record_lease_wait(seconds: float, kv: Any = None) -> None:
+    """Time a turn spent obtaining its lease."""
+    if _AVAILABLE:
+        _instruments().lease_wait.record(seconds, _system(kv))
+
+
+def record_turn(seconds: float, kv: Any = None, *, outcome: str = "ok") -> None:
+    """A finished turn's duration (acquire to release)."""
+    if _AVAILABLE:
+        _instruments().turn.record(seconds, {**_system(kv), "outcome": outcome})
+
+
+def record_handover(kv: Any = None) -> None:
+    """A session taken over from a client that released it for a waiting one."""
+    if _AVAILABLE:
+        _instruments().handovers.add(1, _system(kv))
+
+
+def record_retry(operation: str, kv: Any = None) -> None:
+    """A backend call retried after a transient error."""
+    if _AVAILABLE:
+        _instruments().retries.add(1, {**_system(kv), "db.operation.name": operation})
+
+
+def _system(kv: Any) -> dict[str, Any]:
+    attrs = backend_attributes(kv)
+    return {"db.system.name": attrs.get("db.system.name", "unknown")}
+
+
+# -- session turns ----------------------------------------------------------------------
+
+# turn object -> when its acquisition started (perf_counter)
+_turn_started: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+
+def turn_enter(fn: Callable[[Any], Awaitable[T]]) -> Callable[[Any], Awaitable[T]]:
+    """Decorate a turn's ``__aenter__``: a ``session.acquire`` span and the lease wait."""
+    if not _AVAILABLE:
+        return fn
+
+    @functools.wraps(fn)
+    async def wrapper(turn: Any) -> T:
+        kv = _find_kv(lambda t: t.store.kv, (turn,))
+        started = time.perf_counter()
+        with span("session.acquire", kv):
+            result = await fn(turn)
+        record_lease_wait(time.perf_counter() - started, kv)
+        _turn_started[turn] = started
+        return result
+
+    return wrapper
+
+
+def turn_exit(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Decorate a turn's ``__aexit__``: a ``session.release`` span and the turn duration."""
+    if not _AVAILABLE:
+        return fn
+
+    @functools.wraps(fn)
+    async def wrapper(turn: Any, *args: Any) -> T:
+        kv = _find_kv(lambda t: t.store.kv, (turn,))
+        outcome = "ok" if not args or args[0] is None else "error"
+        try:
+            with span("session.release", kv):
+                return await fn(turn, *args)
+        finally:
+            started = _turn_started.pop(turn, None)
+            if started is not None:
+                record_turn(time.perf_counter() - started, kv, outcome=outcome)
+
+    return wrapper
