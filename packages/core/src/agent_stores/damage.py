@@ -95,28 +95,41 @@ class Quarantined:
     raw: bytes
 
 
+# Room for the header line in front of the raw bytes (origin ids are at most ~1 KiB).
+_HEADER_ROOM = 4096
+
+
 def encode_quarantined(
-    scope: str, key: str, entry: Entry, reason: str, at: float
-) -> tuple[str, bytes]:
-    """The quarantine key and value for ``entry``: a JSON header line, then the raw bytes."""
+    scope: str, key: str, entry: Entry, reason: str, at: float, max_value_bytes: int
+) -> list[tuple[str, bytes]]:
+    """Quarantine entries for ``entry``: a JSON header line, then the raw bytes.
+
+    Bytes that do not fit one value go on in continuation entries ``<key>/<i>``.
+    """
+    room = max(1, max_value_bytes - _HEADER_ROOM)
+    pieces = [entry.value[i : i + room] for i in range(0, len(entry.value), room)] or [b""]
     header = {
         "f": 1,
         "scope": scope,
         "key": key,
         "version": entry.version,
-        "reason": reason,
+        "reason": reason[:500],
         "at": round(at, 3),
+        "parts": len(pieces),
     }
     qkey = f"{int(at * 1000):013d}-{uuid.uuid4().hex[:12]}"
-    return qkey, json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n" + entry.value
+    first = json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n" + pieces[0]
+    return [(qkey, first)] + [(f"{qkey}/{i}", piece) for i, piece in enumerate(pieces) if i]
 
 
-def decode_quarantined(key: str, value: bytes) -> Quarantined:
+def decode_quarantined(key: str, value: bytes, rest: list[bytes] | None = None) -> Quarantined:
     """Inverse of :func:`encode_quarantined` (``ValueError`` for something else)."""
     head, sep, raw = value.partition(b"\n")
     if not sep:
         raise ValueError(f"quarantine entry {key!r} has no header line")
     header = json.loads(head)
+    if int(header.get("parts", 1)) != 1 + len(rest or []):
+        raise ValueError(f"quarantine entry {key!r} is missing continuation parts")
     return Quarantined(
         key,
         str(header["scope"]),
@@ -124,7 +137,7 @@ def decode_quarantined(key: str, value: bytes) -> Quarantined:
         str(header["version"]),
         str(header["reason"]),
         float(header["at"]),
-        raw,
+        raw + b"".join(rest or []),
     )
 
 
@@ -134,7 +147,11 @@ async def quarantine(kv: KVStore, scope: str, key: str, entry: Entry, *, reason:
     Only copies: the caller removes or replaces the original afterwards, conditionally on
     ``entry.version``, so a crash in between leaves a duplicate, never a loss.
     """
-    qkey, value = encode_quarantined(scope, key, entry, reason, kv.clock())
+    entries = encode_quarantined(scope, key, entry, reason, kv.clock(), kv.limits.max_value_bytes)
+    # Continuations first: a header is only ever seen with all its bytes behind it.
+    for part_key, part in entries[1:]:
+        await kv.create(QUARANTINE_SCOPE, part_key, part)
+    qkey, value = entries[0]
     await kv.create(QUARANTINE_SCOPE, qkey, value)
     logger.warning(
         "quarantined damaged record %s/%s as %s/%s (%s)", scope, key, QUARANTINE_SCOPE, qkey, reason
@@ -144,11 +161,20 @@ async def quarantine(kv: KVStore, scope: str, key: str, entry: Entry, *, reason:
 
 async def list_quarantined(kv: KVStore) -> list[Quarantined]:
     """Every quarantined record, oldest first."""
-    out: list[Quarantined] = []
+    heads: list[tuple[str, bytes]] = []
+    parts: dict[str, list[tuple[int, bytes]]] = {}
     async for item in kv.iter_scan(QUARANTINE_SCOPE):
         assert item.entry is not None
+        base, slash, index = item.key.partition("/")
+        if slash:
+            parts.setdefault(base, []).append((int(index), item.entry.value))
+        else:
+            heads.append((item.key, item.entry.value))
+    out: list[Quarantined] = []
+    for key, value in heads:
+        rest = [piece for _, piece in sorted(parts.get(key, []))]
         try:
-            out.append(decode_quarantined(item.key, item.entry.value))
+            out.append(decode_quarantined(key, value, rest))
         except (ValueError, KeyError, TypeError) as exc:
-            logger.warning("unreadable quarantine entry %s: %s", item.key, exc)
+            logger.warning("unreadable quarantine entry %s: %s", key, exc)
     return out

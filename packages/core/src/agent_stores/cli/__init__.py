@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sessions": ("agent_stores.cli.sessions:sessions", "Inspect and repair sessions."),
     "memory": ("agent_stores.cli.memory:memory", "Browse and edit memory files."),
     "runs": ("agent_stores.cli.runs:runs", "List, show and delete checkpointed runs."),
+    "doctor": (
+        "agent_stores.cli.doctor:doctor",
+        "Find damaged session, memory and run records; --repair quarantines them.",
+    ),
     "copy": (
         "agent_stores.cli.copy:copy",
         "Copy sessions, memory and runs to another backend.",

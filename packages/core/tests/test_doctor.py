@@ -1,0 +1,68 @@
+"""``agent-stores doctor``: the command line around ``agent_stores.doctor.scan``.
+
+What the scan finds and repairs on every backend is in the damage contract
+(``agent_stores_contract.damage``); this covers the command's output, exit status and JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from agent_stores import open_kv
+from agent_stores.cli import cli
+from agent_stores.damage import list_quarantined
+from agent_stores.memory import KVMemoryStore
+from click.testing import CliRunner
+
+
+async def _plant(url: str) -> None:
+    kv = open_kv(url)
+    async with KVMemoryStore(kv, owns_kv=True) as memory:
+        await memory.write("dave/main/MEMORY.md", "healthy", expected_version=None)
+        await memory.write("dave/main/notes.md", "soon garbage", expected_version=None)
+        scope = memory.directory_scope("dave/main")
+        entry = await kv.get(scope, "notes.md")
+        assert entry is not None
+        await kv.replace(scope, "notes.md", b"\xffgarbage", expected_version=entry.version)
+
+
+def test_doctor_lists_then_repairs(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/doctor.db"
+    asyncio.run(_plant(url))
+    runner = CliRunner()
+
+    listed = runner.invoke(cli, ["doctor", url])
+    assert listed.exit_code == 1, listed.output
+    assert "memory undecodable" in listed.output and "notes.md" in listed.output
+    assert "--repair would quarantine" in listed.output
+
+    as_json = runner.invoke(cli, ["doctor", url, "--json"])
+    assert as_json.exit_code == 1
+    report = json.loads(as_json.stdout)
+    assert [(f["store"], f["kind"], f["key"]) for f in report["findings"]] == [
+        ("memory", "undecodable", "notes.md")
+    ]
+    assert report["healthy"] is False and report["scanned"]["memory"] >= 1
+
+    repaired = runner.invoke(cli, ["doctor", url, "--repair", "--json"])
+    assert repaired.exit_code == 0, repaired.output
+    assert json.loads(repaired.stdout)["findings"][0]["repaired"] is True
+
+    clean = runner.invoke(cli, ["doctor", url])
+    assert clean.exit_code == 0 and "no damaged records" in clean.output
+
+    asyncio.run(_check_repaired(url))
+
+
+async def _check_repaired(url: str) -> None:
+    kv = open_kv(url)
+    async with KVMemoryStore(kv, owns_kv=True) as memory:
+        assert await memory.list_paths("", limit=10) == ["dave/main/MEMORY.md"]
+        assert [q.raw for q in await list_quarantined(kv)] == [b"\xffgarbage"]
+
+
+def test_doctor_is_listed_in_help() -> None:
+    result = CliRunner().invoke(cli, ["--help"])
+    assert "doctor" in result.output
