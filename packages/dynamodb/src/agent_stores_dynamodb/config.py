@@ -1,0 +1,220 @@
+"""DynamoDB store URLs, parsed into settings without importing aiobotocore.
+
+Form (see ``docs/dynamodb.md``)::
+
+    dynamodb://TABLE?region=eu-west-1&endpoint_url=http://127.0.0.1:5000&prefix=myapp&profile=prod
+
+Credentials come from botocore's standard chain (environment, shared config/profile,
+container or instance role). As an escape hatch only, a key may be given in the URL,
+either as user info (``dynamodb://KEY_ID:SECRET@TABLE?…``) or as the query options
+``aws_access_key_id``, ``aws_secret_access_key`` and ``aws_session_token``; every
+rendering of the URL masks them (the key id too, since it names an IAM user).
+
+URL hosts are case-insensitive and come back lower-cased, so a table name with capitals
+is given as ``?table=MyTable`` (the host may then be omitted: ``dynamodb://?table=…``).
+Unknown options are an error, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_stores.errors import ConfigError
+from agent_stores.url import MASK, StoreURL
+
+SCHEME = "dynamodb"
+DEFAULT_PREFIX = "agent-stores"
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_READ_TIMEOUT = 10.0
+
+_CREDENTIAL_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+KNOWN_OPTIONS = frozenset(
+    {
+        "region",
+        "endpoint_url",
+        "prefix",
+        "profile",
+        "table",
+        "max_attempts",
+        "connect_timeout",
+        "read_timeout",
+        *_CREDENTIAL_OPTIONS,
+    }
+)
+
+# DynamoDB's own rule for table names.
+_TABLE_RE = re.compile(r"^[A-Za-z0-9_.\-]{3,255}$")
+# The prefix and the scope share the partition key as ``prefix/scope``; a prefix without
+# '/' makes that split unambiguous, so two apps in one table can never collide.
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+_REGION_RE = re.compile(r"^[a-z0-9\-]{1,50}$")
+
+
+def check_prefix(prefix: str) -> str:
+    """Validate an app namespace: 1-100 of ``A-Z a-z 0-9 _ . -``."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ConfigError(
+            detail=f"prefix {str(prefix)[:80]!r} must be 1-100 characters of A-Z a-z 0-9 _ . -"
+        )
+    return prefix
+
+
+def check_table(table: str) -> str:
+    """Validate a DynamoDB table name (3-255 of ``A-Z a-z 0-9 _ . -``)."""
+    if not isinstance(table, str) or not _TABLE_RE.match(table):
+        raise ConfigError(
+            detail=f"table name {str(table)[:80]!r} must be 3-255 characters of A-Z a-z 0-9 _ . -"
+        )
+    return table
+
+
+def redacted(url: StoreURL) -> str:
+    """The URL for people: secret key, session token and key id all masked."""
+    userinfo = url.username is not None or url.password is not None
+    if userinfo:
+        url = url.set(username=None, password=None)
+    if url.query_get("aws_access_key_id") is not None:
+        url = url.with_query(aws_access_key_id=MASK)
+    text = url.render()
+    if userinfo:
+        text = text.replace("://", f"://{MASK}:{MASK}@", 1)
+    return text
+
+
+@dataclass(frozen=True)
+class DynamoDBSettings:
+    """Everything needed to build the client and the store, parsed from a URL."""
+
+    url: StoreURL | None
+    table: str
+    prefix: str = DEFAULT_PREFIX
+    region: str | None = None
+    endpoint_url: str | None = None
+    profile: str | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    #: explicit credentials from the URL (escape hatch); never shown
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def describe(self) -> str:
+        """A redacted one-line location."""
+        if self.url is not None:
+            return redacted(self.url)
+        return f"dynamodb://{self.table}?prefix={self.prefix}"
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``AioSession.create_client('dynamodb', …)`` (secrets included)."""
+        kwargs: dict[str, Any] = dict(self.credentials)
+        if self.region:
+            kwargs["region_name"] = self.region
+        if self.endpoint_url:
+            kwargs["endpoint_url"] = self.endpoint_url
+        return kwargs
+
+
+def _number(name: str, raw: str, url: StoreURL, *, integer: bool, minimum: float) -> float:
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number of seconds"
+        raise ConfigError(detail=f"{redacted(url)}: {name} must be {kind}, got {raw!r}") from None
+    if value < minimum or value != value:  # NaN
+        raise ConfigError(detail=f"{redacted(url)}: {name} must be >= {minimum}, got {raw!r}")
+    return value
+
+
+def parse_url(url: StoreURL | str) -> DynamoDBSettings:
+    """Parse a ``dynamodb://`` URL into :class:`DynamoDBSettings`; :class:`ConfigError` if odd.
+
+    Error messages show the URL through :func:`redacted`, never a credential.
+    """
+    url = StoreURL.parse(url)
+    shown = redacted(url)
+    if url.scheme != SCHEME:
+        raise ConfigError(detail=f"{shown}: not a DynamoDB URL (expected dynamodb://TABLE?…)")
+    unknown = sorted({k for k, _ in url.query} - KNOWN_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            detail=f"{shown}: unknown query option(s) {unknown}; "
+            f"known: {', '.join(sorted(KNOWN_OPTIONS))}"
+        )
+    if url.port is not None or url.path not in ("", "/"):
+        raise ConfigError(
+            detail=f"{shown}: the URL names only a table (dynamodb://TABLE?region=…); "
+            "give the server as ?endpoint_url=http://host:port"
+        )
+    q = url.query_get
+    explicit_table = q("table")
+    table = explicit_table or url.host
+    if not table:
+        raise ConfigError(detail=f"{shown}: missing table name, e.g. dynamodb://agent-stores")
+    if explicit_table and url.host and url.host != explicit_table.lower():
+        raise ConfigError(detail=f"{shown}: table given twice (host and ?table=) and they differ")
+    check_table(table)
+
+    region = q("region") or None
+    if region is not None and not _REGION_RE.match(region):
+        raise ConfigError(detail=f"{shown}: region {region[:60]!r} is not an AWS region name")
+    endpoint = q("endpoint_url") or None
+    if endpoint is not None and not re.match(r"^https?://[^\s]+$", endpoint):
+        raise ConfigError(
+            detail=f"{shown}: endpoint_url must be an http:// or https:// URL, got {endpoint[:80]!r}"
+        )
+
+    credentials: dict[str, str] = {}
+    if url.username or url.password:
+        if not (url.username and url.password):
+            raise ConfigError(
+                detail=f"{shown}: credentials in the URL need both the key id and the secret "
+                "(dynamodb://KEY_ID:SECRET@TABLE); prefer the standard AWS credential chain"
+            )
+        credentials = {"aws_access_key_id": url.username, "aws_secret_access_key": url.password}
+    for name in _CREDENTIAL_OPTIONS:
+        value = q(name)
+        if value:
+            if name in credentials:
+                raise ConfigError(detail=f"{shown}: {name} given twice")
+            credentials[name] = value
+    if credentials and not (
+        "aws_access_key_id" in credentials and "aws_secret_access_key" in credentials
+    ):
+        raise ConfigError(
+            detail=f"{shown}: aws_access_key_id and aws_secret_access_key go together"
+        )
+    profile = q("profile") or None
+    if profile and credentials:
+        raise ConfigError(detail=f"{shown}: give either profile= or explicit credentials")
+
+    raw = q("max_attempts")
+    attempts = (
+        DEFAULT_MAX_ATTEMPTS
+        if raw is None
+        else int(_number("max_attempts", raw, url, integer=True, minimum=1))
+    )
+    timeouts: dict[str, float] = {}
+    for name, default in (
+        ("connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+        ("read_timeout", DEFAULT_READ_TIMEOUT),
+    ):
+        raw = q(name)
+        timeouts[name] = (
+            default if raw is None else _number(name, raw, url, integer=False, minimum=0.001)
+        )
+    raw_prefix = q("prefix")
+    prefix = check_prefix(DEFAULT_PREFIX if raw_prefix is None else raw_prefix)
+    return DynamoDBSettings(
+        url=url,
+        table=table,
+        prefix=prefix,
+        region=region,
+        endpoint_url=endpoint,
+        profile=profile,
+        max_attempts=attempts,
+        connect_timeout=timeouts["connect_timeout"],
+        read_timeout=timeouts["read_timeout"],
+        credentials=credentials,
+    )

@@ -1,0 +1,835 @@
+"""``dynamodb://`` — the KV CAS contract on one DynamoDB table.
+
+Layout: partition key ``scope`` = ``<prefix>/<scope>`` (the prefix has no ``/``, so the
+split is unambiguous), sort key ``key``, then ``value`` (binary), ``version`` (string),
+``expires_at`` (number, unix seconds, absent = never) and ``ttl`` (number, whole seconds,
+only for DynamoDB's TTL garbage collection: an hour after ``expires_at``, so a clock skew
+between this process and AWS never lets TTL delete an entry the core still sees live).
+
+Every conditional primitive is one request whose ConditionExpression the server checks:
+
+* create — PutItem if ``attribute_not_exists(scope) OR expires_at <= :now``;
+* replace / versioned delete — PutItem / DeleteItem if ``version = :expected`` and live;
+* commit — TransactWriteItems (≤ 100 operations, ≤ 4 MB), Check = ConditionCheck;
+* scan — Query (``begins_with`` or ``key > :start_after``) paginated by LastEvaluatedKey:
+  DynamoDB orders string sort keys by their UTF-8 bytes, which is the contract's order;
+* get_many — BatchGetItem (100 keys a request, unprocessed keys re-sent with backoff);
+* drop_scope — Query + BatchWriteItem; scopes — a paginated Scan (admin only).
+
+Reads are strongly consistent. Throttling and transient errors are retried by botocore
+(``standard`` retry mode, ``max_attempts`` from the URL) and then surface as
+:class:`~agent_stores.errors.BackendUnavailableError`. A retried conditional write whose
+first attempt landed fails its condition on the retry; ``ReturnValuesOnConditionCheckFailure
+=ALL_OLD`` returns the stored item in that same reply, so when it carries the version this
+write generated the write is reported as done, without another read. Transactions carry
+botocore's idempotency token, so their retries are applied at most once by DynamoDB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from agent_stores.errors import (
+    AppError,
+    BackendUnavailableError,
+    ConfigError,
+    ConflictError,
+    CorruptRecordError,
+    InvalidIdError,
+    ValueTooLargeError,
+)
+from agent_stores.kv.base import (
+    Clock,
+    Create,
+    Delete,
+    Entry,
+    KVCapabilities,
+    KVLimits,
+    KVStore,
+    Operation,
+    Replace,
+    ScanItem,
+    new_version,
+)
+from agent_stores.url import StoreURL
+
+from .config import DEFAULT_PREFIX, DynamoDBSettings, check_prefix, check_table, parse_url
+
+log = logging.getLogger("agent_stores.dynamodb")
+
+#: DynamoDB's item size limit (400 KB), attribute names included.
+ITEM_LIMIT_BYTES = 400 * 1024
+#: Everything but the value takes at most about 3.2 KB: attribute names (33 bytes), the
+#: partition key (≤ 2,048 bytes), the sort key (≤ 1,024), the version and two numbers.
+#: 400,000 bytes of value leave room for that in DynamoDB and in moto, which refuses
+#: items over 405,000 bytes.
+MAX_VALUE_BYTES = 400_000
+ITEM_OVERHEAD_BYTES = ITEM_LIMIT_BYTES - MAX_VALUE_BYTES
+MAX_PARTITION_KEY_BYTES = 2048
+MAX_SORT_KEY_BYTES = 1024
+TRANSACTION_MAX_ITEMS = 100
+TRANSACTION_MAX_BYTES = 4 * 1024 * 1024
+BATCH_GET_MAX = 100
+BATCH_WRITE_MAX = 25
+#: Seconds after ``expires_at`` at which DynamoDB's TTL may collect an item.
+TTL_GRACE_SECONDS = 3600
+SETUP_COMMAND = "agent-stores setup"
+
+A_SCOPE = "scope"
+A_KEY = "key"
+A_VALUE = "value"
+A_VERSION = "version"
+A_EXPIRES = "expires_at"
+A_TTL = "ttl"
+
+_LIVE = "(attribute_not_exists(#exp) OR #exp > :now)"
+_ABSENT_OR_EXPIRED = "(attribute_not_exists(#s) OR #exp <= :now)"
+_AT_VERSION = "#ver = :ver AND " + _LIVE
+_THROTTLED = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "LimitExceededException",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "TransactionInProgressException",
+    }
+)
+_AUTH_FAILED = frozenset(
+    {
+        "UnrecognizedClientException",
+        "InvalidSignatureException",
+        "AccessDeniedException",
+        "ExpiredTokenException",
+        "MissingAuthenticationTokenException",
+        "IncompleteSignatureException",
+    }
+)
+_RETRIABLE_REASONS = frozenset(
+    {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}
+)
+_BATCH_RETRIES = 8
+_TRANSACTION_RETRIES = 6
+
+
+class TableMissingError(ConfigError):
+    """The table does not exist; ``agent-stores setup URL`` creates it."""
+
+
+class _ConditionFailed(Exception):
+    """Internal: a ConditionExpression was false; ``item`` is the stored item (ALL_OLD)."""
+
+    def __init__(self, item: Mapping[str, Any] | None, retried: bool, reasons: list[str]) -> None:
+        super().__init__("condition failed")
+        self.item = item
+        self.retried = retried
+        self.reasons = reasons
+
+
+def _num(value: float) -> dict[str, str]:
+    return {"N": repr(float(value))}
+
+
+class DynamoDBKV(KVStore):
+    """KV store on one DynamoDB table (see the module docstring for the layout)."""
+
+    backend_name: ClassVar[str] = "dynamodb"
+    limits = KVLimits(max_value_bytes=MAX_VALUE_BYTES)
+    capabilities = KVCapabilities(commit=True)
+
+    def __init__(
+        self,
+        settings: DynamoDBSettings,
+        *,
+        client: Any | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(clock=clock)
+        self.settings = settings
+        self.table = settings.table
+        self.prefix = settings.prefix
+        self._pk_prefix = settings.prefix + "/"
+        self._owns_client = client is None
+        self._client: Any | None = client
+        self._client_context: Any | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        # Strings that must never reach a message (explicit credentials from the URL).
+        self._secrets = [v for v in settings.credentials.values() if v]
+        #: Called with the operation name before every request (tests count round trips).
+        self.request_hooks: list[Any] = []
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: StoreURL | str, **options: Any) -> DynamoDBKV:
+        """Open ``url`` (see :mod:`agent_stores_dynamodb.config`). Option: ``clock``."""
+        settings = parse_url(url)
+        clock = options.pop("clock", None)
+        if options:
+            raise ConfigError(detail=f"unknown option(s) for dynamodb://: {sorted(options)}")
+        return cls(settings, clock=clock)
+
+    @classmethod
+    def from_client(cls, client: Any, **options: Any) -> DynamoDBKV:
+        """Wrap a ready aiobotocore DynamoDB client; the store never closes it.
+
+        Options: ``table`` (required), ``prefix``, ``clock``.
+        """
+        options = dict(options)
+        table = options.pop("table", None)
+        if not table:
+            raise ConfigError(detail="a DynamoDB client needs table='…' to know where to store")
+        prefix = check_prefix(str(options.pop("prefix", DEFAULT_PREFIX)))
+        clock = options.pop("clock", None)
+        if options:
+            raise ConfigError(detail=f"unknown option(s) for a DynamoDB client: {sorted(options)}")
+        settings = DynamoDBSettings(url=None, table=check_table(str(table)), prefix=prefix)
+        return cls(settings, client=client, clock=clock)
+
+    def describe(self) -> str:
+        """``dynamodb://TABLE?…`` with credentials masked."""
+        return self.settings.describe()
+
+    # -- client ---------------------------------------------------------------------------
+
+    async def _get_client(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._client is not None and (not self._owns_client or self._client_loop is loop):
+            return self._client
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        async with self._lock:
+            if self._client is not None and self._client_loop is loop:
+                return self._client
+            # An owned client is bound to the loop that made it (aiohttp); a store used
+            # from a new loop gets a new one and lets the old one go with its loop.
+            self._client = None
+            self._client_context = None
+            context = self._new_client_context()
+            try:
+                client = await context.__aenter__()
+            except Exception as exc:
+                raise self._translate(exc, "connect") from None
+            self._client, self._client_context, self._client_loop = client, context, loop
+            return client
+
+    def _new_client_context(self) -> Any:
+        from aiobotocore.config import AioConfig  # type: ignore[import-untyped]
+        from aiobotocore.session import AioSession  # type: ignore[import-untyped]
+
+        settings = self.settings
+        session = AioSession(profile=settings.profile) if settings.profile else AioSession()
+        config = AioConfig(
+            retries={"mode": "standard", "max_attempts": settings.max_attempts},
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            max_pool_connections=64,
+        )
+        return session.create_client("dynamodb", config=config, **settings.client_kwargs())
+
+    async def _aclose(self) -> None:
+        context, self._client_context = self._client_context, None
+        self._client = None
+        if context is not None and self._owns_client:
+            try:
+                await context.__aexit__(None, None, None)
+            except Exception as exc:  # closing must not fail the caller's cleanup
+                log.debug("closing the DynamoDB client failed: %s", self._scrub(repr(exc)))
+
+    # -- requests and errors ------------------------------------------------------------
+
+    async def _call(self, operation: str, **request: Any) -> dict[str, Any]:
+        """One DynamoDB request; errors become the core's typed errors.
+
+        A failed condition raises :class:`_ConditionFailed` for the caller to interpret.
+        """
+        client = await self._get_client()
+        for hook in self.request_hooks:
+            hook(operation)
+        try:
+            response: dict[str, Any] = await getattr(client, operation)(**request)
+        except Exception as exc:
+            code = _error_code(exc)
+            if code == "ConditionalCheckFailedException":
+                meta = getattr(exc, "response", {})
+                retried = bool(meta.get("ResponseMetadata", {}).get("RetryAttempts", 0))
+                raise _ConditionFailed(meta.get("Item"), retried, []) from None
+            if code == "TransactionCanceledException":
+                meta = getattr(exc, "response", {})
+                reasons = [str(r.get("Code", "None")) for r in meta.get("CancellationReasons", [])]
+                raise _ConditionFailed(None, False, reasons) from None
+            raise self._translate(exc, operation) from None
+        return response
+
+    def _translate(self, exc: BaseException, operation: str) -> AppError:
+        if isinstance(exc, AppError):
+            return exc
+        code = _error_code(exc)
+        where = self.describe()
+        message = self._scrub(_message(exc))
+        if code == "ResourceNotFoundException":
+            return TableMissingError(
+                detail=f"DynamoDB table {self.table!r} does not exist at {where}; "
+                f"create it (once, with on-demand billing and TTL) with: {SETUP_COMMAND} '{where}' "
+                "(or call `await kv.setup()`); tables are never created implicitly"
+            )
+        if code == "ValidationException" and "size" in message.lower():
+            return ValueTooLargeError(
+                f"{where}: DynamoDB refused the item as too large ({message})",
+                size=-1,
+                limit=ITEM_LIMIT_BYTES,
+            )
+        if code in _AUTH_FAILED:
+            return BackendUnavailableError(
+                detail=f"{where}: AWS refused the credentials for {operation} ({code}); "
+                "check the credential chain (environment, profile, role)"
+            )
+        if code is not None and code not in _THROTTLED and not _is_server_fault(exc):
+            return ConfigError(detail=f"{where}: {operation} failed: {code}: {message}")
+        name = type(exc).__name__
+        if name == "NoRegionError":
+            return ConfigError(detail=f"{where}: no AWS region; add ?region=… or set AWS_REGION")
+        if name in {"NoCredentialsError", "PartialCredentialsError"}:
+            return ConfigError(
+                detail=f"{where}: no AWS credentials found (environment, ~/.aws, role, or ?profile=)"
+            )
+        if name == "ProfileNotFound":
+            return ConfigError(detail=f"{where}: {message}")
+        return BackendUnavailableError(
+            detail=f"{where}: {operation} failed after retries: {code or name}: {message}"
+        )
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    # -- ids and items --------------------------------------------------------------------
+
+    def _pk(self, scope: str) -> str:
+        pk = self._pk_prefix + scope
+        if len(pk.encode()) > MAX_PARTITION_KEY_BYTES:
+            raise InvalidIdError(
+                detail=f"scope {scope[:40]!r}… is too long for DynamoDB: prefix and scope take "
+                f"{len(pk.encode())} UTF-8 bytes, the partition key holds {MAX_PARTITION_KEY_BYTES}"
+            )
+        return pk
+
+    @staticmethod
+    def _sk(key: str) -> str:
+        size = len(key.encode())
+        if size > MAX_SORT_KEY_BYTES:
+            raise InvalidIdError(
+                detail=f"key {key[:40]!r}… is {size} UTF-8 bytes; a DynamoDB sort key holds "
+                f"{MAX_SORT_KEY_BYTES}"
+            )
+        return key
+
+    def _item_key(self, scope: str, key: str) -> dict[str, Any]:
+        return {A_SCOPE: {"S": self._pk(scope)}, A_KEY: {"S": self._sk(key)}}
+
+    def _item(
+        self, scope: str, key: str, value: bytes, version: str, expires_at: float | None
+    ) -> dict[str, Any]:
+        item = self._item_key(scope, key)
+        item[A_VALUE] = {"B": bytes(value)}
+        item[A_VERSION] = {"S": version}
+        if expires_at is not None:
+            item[A_EXPIRES] = _num(expires_at)
+            item[A_TTL] = {"N": str(math.ceil(expires_at) + TTL_GRACE_SECONDS)}
+        return item
+
+    def _entry(self, item: Mapping[str, Any]) -> Entry:
+        try:
+            expires = item.get(A_EXPIRES)
+            return Entry(
+                value=bytes(item[A_VALUE]["B"]),
+                version=str(item[A_VERSION]["S"]),
+                expires_at=float(expires["N"]) if expires is not None else None,
+            )
+        except (KeyError, TypeError, ValueError):
+            raise CorruptRecordError(
+                detail=f"{self.describe()}: an item of table {self.table!r} lacks value/version; "
+                "is the table shared with something else?"
+            ) from None
+
+    @staticmethod
+    def _expired(item: Mapping[str, Any], now: float) -> bool:
+        expires = item.get(A_EXPIRES)
+        return expires is not None and float(expires["N"]) <= now
+
+    # -- setup ----------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        """Create the table (on-demand billing) and enable TTL on ``ttl``. Idempotent."""
+        self._check_open()
+        try:
+            description = (await self._call("describe_table", TableName=self.table))["Table"]
+        except TableMissingError:
+            description = await self._create_table()
+        await self._wait_active(description)
+        schema = {k["AttributeName"]: k["KeyType"] for k in description.get("KeySchema", [])}
+        if schema != {A_SCOPE: "HASH", A_KEY: "RANGE"}:
+            raise ConfigError(
+                detail=f"{self.describe()}: table {self.table!r} has key schema {schema}; "
+                f"agent-stores needs partition key {A_SCOPE!r} and sort key {A_KEY!r} (strings)"
+            )
+        await self._enable_ttl()
+
+    async def _create_table(self) -> dict[str, Any]:
+        try:
+            response = await self._call(
+                "create_table",
+                TableName=self.table,
+                BillingMode="PAY_PER_REQUEST",
+                AttributeDefinitions=[
+                    {"AttributeName": A_SCOPE, "AttributeType": "S"},
+                    {"AttributeName": A_KEY, "AttributeType": "S"},
+                ],
+                KeySchema=[
+                    {"AttributeName": A_SCOPE, "KeyType": "HASH"},
+                    {"AttributeName": A_KEY, "KeyType": "RANGE"},
+                ],
+            )
+            description: dict[str, Any] = response["TableDescription"]
+            return description
+        except ConfigError as exc:
+            if "ResourceInUseException" not in exc.detail:
+                raise
+            # Another process created it in between: fine.
+            described: dict[str, Any] = (await self._call("describe_table", TableName=self.table))[
+                "Table"
+            ]
+            return described
+
+    async def _wait_active(self, description: dict[str, Any]) -> None:
+        delay = 0.2
+        for _ in range(120):
+            if description.get("TableStatus") == "ACTIVE":
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 5.0)
+            description = (await self._call("describe_table", TableName=self.table))["Table"]
+        raise BackendUnavailableError(
+            detail=f"{self.describe()}: table {self.table!r} did not become ACTIVE"
+        )
+
+    async def _enable_ttl(self) -> None:
+        for _ in range(3):
+            ttl = (await self._call("describe_time_to_live", TableName=self.table))[
+                "TimeToLiveDescription"
+            ]
+            status = ttl.get("TimeToLiveStatus")
+            if status in ("ENABLED", "ENABLING"):
+                if ttl.get("AttributeName", A_TTL) != A_TTL:
+                    raise ConfigError(
+                        detail=f"{self.describe()}: TTL of table {self.table!r} is on attribute "
+                        f"{ttl.get('AttributeName')!r}; agent-stores needs {A_TTL!r}"
+                    )
+                return
+            try:
+                await self._call(
+                    "update_time_to_live",
+                    TableName=self.table,
+                    TimeToLiveSpecification={"Enabled": True, "AttributeName": A_TTL},
+                )
+                return
+            except ConfigError as exc:
+                # Enabled concurrently ("already enabled"), or still DISABLING: look again.
+                log.debug("enabling TTL: %s", exc.detail)
+                await asyncio.sleep(0.5)
+        raise ConfigError(detail=f"{self.describe()}: could not enable TTL on {A_TTL!r}")
+
+    # -- primitives ---------------------------------------------------------------------
+
+    async def _get(self, scope: str, key: str) -> Entry | None:
+        response = await self._call(
+            "get_item",
+            TableName=self.table,
+            Key=self._item_key(scope, key),
+            ConsistentRead=True,
+        )
+        item = response.get("Item")
+        return None if item is None else self._entry(item)
+
+    async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
+        batches = [keys[i : i + BATCH_GET_MAX] for i in range(0, len(keys), BATCH_GET_MAX)]
+        results = await asyncio.gather(*(self._batch_get(scope, batch) for batch in batches))
+        found: dict[str, Entry] = {}
+        for result in results:
+            found.update(result)
+        return found
+
+    async def _batch_get(self, scope: str, keys: Sequence[str]) -> dict[str, Entry]:
+        request: dict[str, Any] = {
+            self.table: {"Keys": [self._item_key(scope, k) for k in keys], "ConsistentRead": True}
+        }
+        found: dict[str, Entry] = {}
+        for attempt in range(_BATCH_RETRIES + 1):
+            response = await self._call("batch_get_item", RequestItems=request)
+            for item in response.get("Responses", {}).get(self.table, []):
+                found[item[A_KEY]["S"]] = self._entry(item)
+            unprocessed = response.get("UnprocessedKeys") or {}
+            if not unprocessed.get(self.table, {}).get("Keys"):
+                return found
+            request = unprocessed
+            await _backoff(attempt)
+        raise BackendUnavailableError(
+            detail=f"{self.describe()}: BatchGetItem kept returning unprocessed keys (throttled)"
+        )
+
+    async def _put(
+        self, item: dict[str, Any], condition: str, names: dict[str, str], values: dict[str, Any]
+    ) -> None:
+        await self._call(
+            "put_item",
+            TableName=self.table,
+            Item=item,
+            ConditionExpression=condition,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
+        version = new_version()
+        item = self._item(scope, key, value, version, expires_at)
+        try:
+            await self._put(
+                item,
+                _ABSENT_OR_EXPIRED,
+                {"#s": A_SCOPE, "#exp": A_EXPIRES},
+                {":now": _num(now)},
+            )
+        except _ConditionFailed as failed:
+            if _version_of(failed.item) == version:
+                return version  # our own first attempt landed; this was botocore's retry
+            raise ConflictError(
+                detail=f"{key[:80]!r} already exists in scope {scope[:80]!r}", scope=scope, key=key
+            ) from None
+        return version
+
+    async def _replace(
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
+    ) -> str:
+        version = new_version()
+        item = self._item(scope, key, value, version, expires_at)
+        try:
+            await self._put(
+                item,
+                _AT_VERSION,
+                {"#ver": A_VERSION, "#exp": A_EXPIRES},
+                {":ver": {"S": expected_version}, ":now": _num(now)},
+            )
+        except _ConditionFailed as failed:
+            if _version_of(failed.item) == version:
+                return version
+            raise ConflictError(
+                detail=f"{key[:80]!r} in scope {scope[:80]!r} is not at the expected version",
+                scope=scope,
+                key=key,
+            ) from None
+        return version
+
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        item_key = self._item_key(scope, key)
+        if expected_version is None:
+            response = await self._call(
+                "delete_item", TableName=self.table, Key=item_key, ReturnValues="ALL_OLD"
+            )
+            old = response.get("Attributes")
+            return old is not None and not self._expired(old, now)
+        try:
+            await self._call(
+                "delete_item",
+                TableName=self.table,
+                Key=item_key,
+                ConditionExpression=_AT_VERSION,
+                ExpressionAttributeNames={"#ver": A_VERSION, "#exp": A_EXPIRES},
+                ExpressionAttributeValues={":ver": {"S": expected_version}, ":now": _num(now)},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except _ConditionFailed as failed:
+            if failed.item is None and failed.retried:
+                # Gone on botocore's retry: our first attempt may have deleted it.
+                raise BackendUnavailableError(
+                    detail=f"{self.describe()}: the outcome of deleting {key[:80]!r} is unknown "
+                    "(the reply to the first attempt was lost)"
+                ) from None
+            return False
+        return True
+
+    async def _scan(
+        self,
+        scope: str,
+        prefix: str,
+        start_after: str | None,
+        limit: int,
+        values: bool,
+        now: float,
+    ) -> list[ScanItem]:
+        names = {"#s": A_SCOPE}
+        expression_values: dict[str, Any] = {":p": {"S": self._pk(scope)}}
+        if start_after is not None and start_after >= prefix:
+            if not start_after.startswith(prefix):
+                return []  # past every key under the prefix
+            condition = "#s = :p AND #k > :after"
+            names["#k"] = A_KEY
+            expression_values[":after"] = {"S": start_after}
+        elif prefix:
+            # start_after (if any) sorts before the prefix: every key under it qualifies.
+            condition = "#s = :p AND begins_with(#k, :prefix)"
+            names["#k"] = A_KEY
+            expression_values[":prefix"] = {"S": prefix}
+        else:
+            condition = "#s = :p"
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": condition,
+            "ConsistentRead": True,
+        }
+        if not values:
+            names["#k"], names["#exp"] = A_KEY, A_EXPIRES
+            request["ProjectionExpression"] = "#k, #exp"
+        request["ExpressionAttributeNames"] = names
+        request["ExpressionAttributeValues"] = expression_values
+        items: list[ScanItem] = []
+        while True:
+            request["Limit"] = limit - len(items)
+            response = await self._call("query", **request)
+            for raw in response.get("Items", []):
+                key = str(raw[A_KEY]["S"])
+                if not key.startswith(prefix):
+                    return items  # ``key > :after`` ran past the prefix range
+                if self._expired(raw, now):
+                    continue
+                items.append(ScanItem(key, self._entry(raw) if values else None))
+                if len(items) >= limit:
+                    return items
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return items
+            request["ExclusiveStartKey"] = last
+
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
+        found: set[str] = set()
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "ProjectionExpression": "#s, #exp",
+            "ExpressionAttributeNames": {"#s": A_SCOPE, "#exp": A_EXPIRES},
+            "FilterExpression": "begins_with(#s, :p)",
+            "ExpressionAttributeValues": {":p": {"S": self._pk_prefix + prefix}},
+            "ConsistentRead": True,
+        }
+        while True:
+            response = await self._call("scan", **request)
+            for raw in response.get("Items", []):
+                scope = str(raw[A_SCOPE]["S"])[len(self._pk_prefix) :]
+                if not scope.startswith(prefix) or (
+                    start_after is not None and scope <= start_after
+                ):
+                    continue
+                if not self._expired(raw, now):
+                    found.add(scope)
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                break
+            request["ExclusiveStartKey"] = last
+        return sorted(found)[:limit]
+
+    async def _drop_scope(self, scope: str) -> int:
+        request: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "#s = :p",
+            "ProjectionExpression": "#s, #k",
+            "ExpressionAttributeNames": {"#s": A_SCOPE, "#k": A_KEY},
+            "ExpressionAttributeValues": {":p": {"S": self._pk(scope)}},
+            "ConsistentRead": True,
+        }
+        deleted = 0
+        while True:
+            response = await self._call("query", **request)
+            keys = [{A_SCOPE: i[A_SCOPE], A_KEY: i[A_KEY]} for i in response.get("Items", [])]
+            for start in range(0, len(keys), BATCH_WRITE_MAX):
+                await self._batch_delete(keys[start : start + BATCH_WRITE_MAX])
+            deleted += len(keys)
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return deleted
+            request["ExclusiveStartKey"] = last
+
+    async def _batch_delete(self, keys: list[dict[str, Any]]) -> None:
+        request: dict[str, Any] = {self.table: [{"DeleteRequest": {"Key": k}} for k in keys]}
+        for attempt in range(_BATCH_RETRIES + 1):
+            response = await self._call("batch_write_item", RequestItems=request)
+            unprocessed = response.get("UnprocessedItems") or {}
+            if not unprocessed.get(self.table):
+                return
+            request = unprocessed
+            await _backoff(attempt)
+        raise BackendUnavailableError(
+            detail=f"{self.describe()}: BatchWriteItem kept returning unprocessed items (throttled)"
+        )
+
+    async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        if len(ops) > TRANSACTION_MAX_ITEMS:
+            raise ValueTooLargeError(
+                f"commit of {len(ops)} operations: a DynamoDB transaction holds at most "
+                f"{TRANSACTION_MAX_ITEMS}; nothing was written",
+                size=len(ops),
+                limit=TRANSACTION_MAX_ITEMS,
+            )
+        size = sum(
+            len(op.value) + ITEM_OVERHEAD_BYTES if isinstance(op, Create | Replace) else 0
+            for op in ops
+        )
+        if size > TRANSACTION_MAX_BYTES:
+            raise ValueTooLargeError(
+                f"commit of about {size} bytes: a DynamoDB transaction holds at most "
+                f"{TRANSACTION_MAX_BYTES} bytes; nothing was written",
+                size=size,
+                limit=TRANSACTION_MAX_BYTES,
+            )
+        versions: list[str | None] = []
+        items: list[dict[str, Any]] = []
+        for op in ops:
+            version = new_version() if isinstance(op, Create | Replace) else None
+            versions.append(version)
+            items.append(self._transact_item(scope, op, version, now))
+        for attempt in range(_TRANSACTION_RETRIES + 1):
+            try:
+                await self._call("transact_write_items", TransactItems=items)
+                return versions
+            except _ConditionFailed as failed:
+                reasons = failed.reasons
+                if "ConditionalCheckFailed" in reasons:
+                    index = reasons.index("ConditionalCheckFailed")
+                    key = ops[index].key
+                    raise ConflictError(
+                        detail=f"commit: the condition on {key[:80]!r} in scope {scope[:80]!r} "
+                        "failed; nothing was written",
+                        scope=scope,
+                        key=key,
+                        index=index,
+                    ) from None
+                if not any(r in _RETRIABLE_REASONS for r in reasons):
+                    raise BackendUnavailableError(
+                        detail=f"{self.describe()}: transaction cancelled: {reasons}"
+                    ) from None
+                await _backoff(attempt)
+        raise BackendUnavailableError(
+            detail=f"{self.describe()}: transaction kept conflicting with concurrent writes"
+        )
+
+    def _transact_item(
+        self, scope: str, op: Operation, version: str | None, now: float
+    ) -> dict[str, Any]:
+        base: dict[str, Any] = {"TableName": self.table}
+        if isinstance(op, Create):
+            assert version is not None
+            return {
+                "Put": {
+                    **base,
+                    "Item": self._item(
+                        scope, op.key, op.value, version, self._expires_at(op.ttl, now)
+                    ),
+                    "ConditionExpression": _ABSENT_OR_EXPIRED,
+                    "ExpressionAttributeNames": {"#s": A_SCOPE, "#exp": A_EXPIRES},
+                    "ExpressionAttributeValues": {":now": _num(now)},
+                }
+            }
+        if isinstance(op, Replace):
+            assert version is not None
+            return {
+                "Put": {
+                    **base,
+                    "Item": self._item(
+                        scope, op.key, op.value, version, self._expires_at(op.ttl, now)
+                    ),
+                    "ConditionExpression": _AT_VERSION,
+                    "ExpressionAttributeNames": {"#ver": A_VERSION, "#exp": A_EXPIRES},
+                    "ExpressionAttributeValues": {
+                        ":ver": {"S": op.expected_version},
+                        ":now": _num(now),
+                    },
+                }
+            }
+        key = self._item_key(scope, op.key)
+        if isinstance(op, Delete) and op.expected_version is None:
+            return {"Delete": {**base, "Key": key}}
+        expected = op.expected_version
+        if expected is None:  # Check of absence
+            return {
+                "ConditionCheck": {
+                    **base,
+                    "Key": key,
+                    "ConditionExpression": _ABSENT_OR_EXPIRED,
+                    "ExpressionAttributeNames": {"#s": A_SCOPE, "#exp": A_EXPIRES},
+                    "ExpressionAttributeValues": {":now": _num(now)},
+                }
+            }
+        kind = "Delete" if isinstance(op, Delete) else "ConditionCheck"
+        return {
+            kind: {
+                **base,
+                "Key": key,
+                "ConditionExpression": _AT_VERSION,
+                "ExpressionAttributeNames": {"#ver": A_VERSION, "#exp": A_EXPIRES},
+                "ExpressionAttributeValues": {":ver": {"S": expected}, ":now": _num(now)},
+            }
+        }
+
+
+def _version_of(item: Mapping[str, Any] | None) -> str | None:
+    if not item:
+        return None
+    version = item.get(A_VERSION)
+    return str(version["S"]) if isinstance(version, Mapping) and "S" in version else None
+
+
+def _error_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        return str(code) if code else None
+    return None
+
+
+def _is_server_fault(exc: BaseException) -> bool:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, Mapping):
+        return False
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return isinstance(status, int) and status >= 500
+
+
+def _message(exc: BaseException) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, Mapping):
+        message = response.get("Error", {}).get("Message")
+        if message:
+            return str(message)[:300]
+    return str(exc)[:300]
+
+
+async def _backoff(attempt: int) -> None:
+    # Full jitter, capped: unprocessed batches and cancelled transactions only.
+    await asyncio.sleep(random.uniform(0, min(2.0, 0.05 * (2**attempt))))

@@ -1,0 +1,41 @@
+"""Helpers shared by the DynamoDB tests (a uniquely named module: ``conftest`` names collide
+when several packages' tests run in one pytest process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import uuid
+from pathlib import Path
+from types import ModuleType
+
+from agent_stores import StoreURL
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SERVER_SCRIPT = REPO_ROOT / "scripts" / "servers" / "dynamodb.py"
+URL_ENV = "AGENT_STORES_TEST_DYNAMODB_URL"
+
+
+def load_server_module() -> ModuleType:
+    """``scripts/servers/dynamodb.py`` loaded by path (it is not a package)."""
+    name = "agent_stores_dynamodb_test_server"
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(name, SERVER_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_fresh_prefix(url: str) -> str:
+    """``url`` with a new random ``prefix`` so tests never see each other's data."""
+    parsed = StoreURL.parse(url)
+    return parsed.with_query(prefix=f"t-{uuid.uuid4().hex[:12]}").render_with_secrets()
+
+
+def with_options(url: str, **options: str) -> str:
+    """``url`` with the given query options set."""
+    return StoreURL.parse(url).with_query(**options).render_with_secrets()
