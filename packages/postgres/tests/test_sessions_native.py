@@ -87,6 +87,34 @@ async def test_round_trips_per_turn(schema_url: str, proxy: FaultProxy, native: 
         assert min(per_turn) >= 3
 
 
+async def test_cold_turn_is_two_round_trips(schema_url: str, proxy: FaultProxy) -> None:
+    """Turns alternating between two store objects (two processes): each turn finds the
+    session last written by the other, and still costs exactly 2 round trips, receiving
+    only the chunks it lacks; a store that never saw the session costs the same."""
+    stores = []
+    for _ in range(3):
+        kv = open_kv(proxied_url(schema_url, proxy))
+        await kv.setup()
+        stores.append(PostgresSessionStore(kv, owns_kv=True, fanout=64, tail_bytes=600))
+    a, b, fresh = stores
+    per_turn: list[int] = []
+    try:
+        async with a.turn("cold") as session:
+            session.replace([m for i in range(20) for m in pair(f"h{i}")])
+        expected = 40
+        for store in [b, a, b, a, fresh]:
+            before = proxy.requests
+            async with store.turn("cold") as session:
+                assert len(session.messages) == expected
+                session.replace([*session.messages, *pair(f"n{expected}", 500)])
+            per_turn.append(proxy.requests - before)
+            expected += 2
+    finally:
+        for store in stores:
+            await store.aclose()
+    assert per_turn == [2] * 5
+
+
 async def test_cold_store_loads_chunked_history(schema_url: str) -> None:
     """A history spilled into many chunks (small tail, merges) written by one store is read whole by a fresh one."""
     options: dict[str, Any] = {"tail_bytes": 600, "fanout": 3}

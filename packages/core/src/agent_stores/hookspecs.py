@@ -12,9 +12,10 @@ A minimal backend plugin::
         register("mydb", "my_package.kv:MyDBKV.from_url", description="MyDB")
 
 Nothing of the backend is imported until a URL with its scheme is opened: the factory
-is an import string. The ``*_store`` hooks let a backend replace the generic store built
-on its KV with a native one (a fast path); they are ``firstresult`` and must return None
-for URLs that are not theirs.
+is an import string. The ``*_store`` hooks let a backend plug its *native port* into the
+core store (``SessionStore(kv, port=MyPort(kv), **options)``: the few operations it can
+do natively, see ``docs/plugins.md``, "Native paths"); they are ``firstresult`` and must
+return None for URLs that are not theirs.
 """
 
 from __future__ import annotations
@@ -77,10 +78,11 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
 
 @hookspec(firstresult=True)
 def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """Return a native session store for ``kv``, or None to use the generic one.
+    """Return the session store for ``kv`` with this backend's native port, or None.
 
-    ``options`` are the keyword arguments given to ``open_sessions``. The native store must
-    pass the session contract unchanged.
+    Typically ``SessionStore(kv, port=MySessionPort(kv), **options)`` where the port
+    implements :class:`agent_stores.sessions.SessionPort`. ``options`` are the keyword
+    arguments given to ``open_sessions``. It must pass the session contract unchanged.
     """
 
 

@@ -1,72 +1,48 @@
-"""The native session fast path: a turn in two round trips instead of three.
+"""The native session port on PostgreSQL: a turn in two statements, warm or cold.
 
-Same stored layout, same fencing rules as the generic
-:class:`~agent_stores.sessions.KVSessionStorage` (``records.py``); two transitions are
-done by single PostgreSQL statements:
+:class:`PostgresSessionPort` implements :class:`~agent_stores.sessions.SessionPort`; the
+store is the core's :class:`~agent_stores.sessions.SessionStore` with this port (same
+stored layout and fencing rules, the contract unchanged):
 
-``load_and_acquire`` — one statement reads the ``state`` row (locking it), decides in
-    the server what the generic code decides in Python (lease held by another owner →
-    busy; this store just released and another client waits → courtesy; otherwise take
-    the lease: ``fence + 1``, new lease, ``updated_at``, ``released`` cleared), writes the
-    new state with a fresh version, drops this store's waiting hint, and returns the new
-    state together with every history chunk part this process does not have cached. An
-    absent (or expired) session is created in the same statement. Anything unusual — a
-    recovery marker, chunks that need re-copying before the TTL, a header the server
-    cannot read — is left to the generic code (its extra round trips only then).
+``acquire`` — one statement reads the ``state`` row (locking it), decides in the server
+    what the generic code decides in Python (lease held by another owner → busy; this
+    store just released and another client waits → courtesy; otherwise take the lease:
+    ``fence + 1``, new lease, ``updated_at``, ``released`` cleared), writes the new state
+    with a fresh version, drops this store's waiting hint, and returns the new state
+    together with every history chunk part whose chunk the request does not list as held
+    (the client lists the chunks it has cached, so a cold turn costs the same one
+    statement and receives only what it lacks). An absent (or expired) session is created
+    in the same statement. Anything unusual — a recovery marker, chunks that need
+    re-copying before the TTL, a header the server cannot read — is answered ``GENERIC``.
 
-``save_and_release`` / ``checkpoint`` / ``release`` — new history chunks are not written
-    ahead; they are inserted by the same statement that swaps the state (``UPDATE … WHERE
-    version = <fence>`` in a CTE, chunks inserted only if it matched). Chunks and the state
-    referencing them therefore commit together, which is stronger than "chunks first",
-    and a fenced-out writer leaves no orphan chunks.
+``save`` — new history chunks are inserted by the same statement that swaps the state
+    (``UPDATE … WHERE version = <fence>`` in a CTE, chunks inserted only if it matched):
+    one statement, one commit, and a fenced-out writer leaves no orphan chunks.
 
-A statement whose connection breaks mid-flight surfaces as a transient error; the
-generic layer then resolves it as it does for any unknown outcome (retry with the same
-owner for an acquire, compare the stored bytes for a save).
+A statement whose connection breaks mid-flight surfaces as an unknown outcome; the core
+then resolves it as it does for any (retry with the same owner for an acquire, compare
+the stored bytes for a save).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-from collections import OrderedDict
-from collections.abc import Sequence
 from typing import Any, LiteralString
 
 import psycopg
 import psycopg.errors
 from agent_stores.errors import ConfigError, ConflictError
 from agent_stores.kv.base import new_version
-from agent_stores.sessions import SessionStore
-from agent_stores.sessions.errors import TransientStoreError
-from agent_stores.sessions.records import (
-    EMPTY_ARRAY,
-    FORMAT,
-    STATE_KEY,
-    WAITER_KEY,
-    ChunkRef,
-    Lease,
-    StateHeader,
-    encode_state,
+from agent_stores.sessions import (
+    GENERIC,
+    AcquireReply,
+    AcquireRequest,
+    SaveRequest,
+    SessionStore,
 )
-from agent_stores.sessions.storage import (
-    Acquired,
-    Busy,
-    KVSessionStorage,
-    LeaseHandle,
-    _MissingChunk,
-)
+from agent_stores.sessions.records import FORMAT, STATE_KEY, WAITER_KEY
 from psycopg import AsyncConnection, sql
-from pydantic_ai.messages import ModelMessage
 
 from .kv import PostgresKV
-
-# Chunk parts staged by the save being run in this context: (key, bytes, expires_at).
-_STAGED: contextvars.ContextVar[list[tuple[str, bytes, float | None]] | None] = (
-    contextvars.ContextVar("agent_stores_postgres_staged_chunks", default=None)
-)
-
-_HINT_SCOPES = 4096
 
 _ACQUIRE: LiteralString = """
 WITH cur AS (
@@ -194,64 +170,41 @@ SELECT (SELECT count(*) FROM st), (SELECT count(*) FROM ch)
 """
 
 
-class PostgresSessionStorage(KVSessionStorage):
-    """:class:`KVSessionStorage` with single-statement acquire and save on :class:`PostgresKV`."""
+class PostgresSessionPort:
+    """:class:`~agent_stores.sessions.SessionPort` on :class:`PostgresKV`: one statement per step."""
 
-    def __init__(self, kv: Any, **options: Any) -> None:
+    def __init__(self, kv: PostgresKV) -> None:
         if not isinstance(kv, PostgresKV):
             raise ConfigError(
-                detail=f"PostgresSessionStorage needs a PostgresKV, got {type(kv).__name__}"
+                detail=f"PostgresSessionPort needs a PostgresKV, got {type(kv).__name__}"
             )
-        super().__init__(kv, **options)
-        self.pg = kv
+        self.kv = kv
         self._acquire_sql = sql.SQL(_ACQUIRE).format(kv=kv.names.kv).as_bytes(None)
         self._save_sql = sql.SQL(_SAVE).format(kv=kv.names.kv).as_bytes(None)
-        # Chunk keys of the last state seen per session: candidates for "already cached".
-        self._hints: OrderedDict[str, tuple[str, ...]] = OrderedDict()
 
-    # -- acquire + load: one statement -------------------------------------------------------
-
-    def _remember(self, scope: str, header: StateHeader) -> None:
-        self._hints[scope] = tuple(c.key for c in header.chunks)
-        self._hints.move_to_end(scope)
-        while len(self._hints) > _HINT_SCOPES:
-            self._hints.popitem(last=False)
-
-    async def load_and_acquire(
-        self,
-        session_id: str,
-        *,
-        owner: str,
-        allow_recovery: bool = False,
-        load_history: bool = True,
-    ) -> Acquired | Busy:
-        scope = self.scope_for(session_id)
-        now = self.clock()
-        lease_end = now + self.lease_seconds
-        fresh = encode_state(
-            StateHeader(
-                lease=Lease(owner, 1, lease_end, now), fence=1, created_at=now, updated_at=now
-            ),
-            EMPTY_ARRAY,
-        )
-        cached = [k for k in self._hints.get(scope, ()) if self.cache.get(scope, k) is not None]
+    async def acquire(self, request: AcquireRequest) -> AcquireReply:
+        """One statement: decide, take the lease (or create the session), return the
+        state and the parts of the chunks not held."""
+        now = request.now
+        expires_at = None if request.ttl_seconds is None else now + request.ttl_seconds
+        version = new_version()
         params: dict[str, Any] = {
-            "scope": scope,
+            "scope": request.scope,
             "state": STATE_KEY,
             "waiter": WAITER_KEY,
             "now": now,
-            "owner": owner,
-            "store_id": self.store_id,
-            "store_id_b": self.store_id.encode(),
-            "courtesy": self.handover_courtesy_seconds,
-            "horizon": None if self.ttl_seconds is None else now + self.ttl_seconds,
+            "owner": request.owner,
+            "store_id": request.store_id,
+            "store_id_b": request.store_id.encode(),
+            "courtesy": request.courtesy_seconds,
+            "horizon": request.refresh_horizon,
             "format": FORMAT,
-            "lease_end": lease_end,
-            "version": new_version(),
-            "expires_at": None if self.ttl_seconds is None else now + self.ttl_seconds,
-            "fresh": fresh,
-            "load": load_history,
-            "cached": cached,
+            "lease_end": request.lease_end,
+            "version": version,
+            "expires_at": expires_at,
+            "fresh": request.fresh_state(),
+            "load": request.load_history,
+            "cached": sorted(request.held_chunks),
         }
 
         async def run(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]] | None:
@@ -261,154 +214,67 @@ class PostgresSessionStorage(KVSessionStorage):
                 return None  # a header the server cannot read: the generic path reports it
             return await cur.fetchall()
 
-        rows = await self._call(session_id, self.pg.run_native_write("session acquire", run))
+        rows = await self.kv.run_native_write("session acquire", run)
         state = next((r for r in rows or () if r[0] == "state"), None)
         if state is None:
-            return await super().load_and_acquire(
-                session_id, owner=owner, allow_recovery=allow_recovery, load_history=load_history
-            )
+            return GENERIC
         _, decision, _, value, lease_expires_at, holder, waiter, retry_after = state
         if decision == "busy":
-            return Busy(lease_expires_at=lease_expires_at, holder=holder, waiter_hinted=waiter)
-        if decision == "courtesy":
-            return Busy(retry_after=max(float(retry_after), 0.0))
-        if decision not in (None, "acquire"):
-            return await super().load_and_acquire(
-                session_id, owner=owner, allow_recovery=allow_recovery, load_history=load_history
+            return AcquireReply(
+                "busy", lease_expires_at=lease_expires_at, holder=holder, waiter_hinted=waiter
             )
+        if decision == "courtesy":
+            return AcquireReply("courtesy", retry_after=max(float(retry_after), 0.0))
+        if decision not in (None, "acquire"):
+            return GENERIC
         if value is None:
             # Lost a race for an absent session (or the row changed under the lock).
-            return Busy(retry_after=0.0)
-        header, tail = self._decode(session_id, bytes(value))
-        assert header.lease is not None
-        handle = LeaseHandle(
-            session_id,
-            scope,
-            owner,
-            header.fence,
-            header.lease.expires_at,
-            [],
-            header.recovery,
-            params["version"],
-            header,
-            tail,
-        )
-        self._remember(scope, header)
-        if not load_history:
-            return Acquired(handle)
-        try:
-            parts = {r[2]: bytes(r[3]) for r in rows or () if r[0] == "chunk"}
-            fetched: dict[str, bytes] = {}
-            missing: list[ChunkRef] = []
-            for ref in header.chunks:
-                if self.cache.get(scope, ref.key) is not None:
-                    continue
-                pieces = [parts.get(k) for k in ref.part_keys()]
-                if all(p is not None for p in pieces):
-                    fetched[ref.key] = b"".join(p for p in pieces if p is not None)
-                else:
-                    missing.append(ref)  # evicted from the cache meanwhile, or truly missing
-            if missing:
-                try:
-                    fetched.update(await self._fetch_chunks(session_id, scope, missing))
-                except _MissingChunk as exc:
-                    raise self._invalid(session_id, f"history chunk {exc} is missing") from None
-            handle.messages = self._assemble(session_id, scope, header, tail, fetched)
-        except BaseException:
-            await asyncio.shield(self._release_quietly(handle))
-            raise
-        return Acquired(handle)
+            return AcquireReply("courtesy", retry_after=0.0)
+        parts = {r[2]: bytes(r[3]) for r in rows or () if r[0] == "chunk"}
+        return AcquireReply("acquired", version=version, state=bytes(value), parts=parts)
 
-    # -- save + release: one statement -------------------------------------------------------
-
-    async def checkpoint(self, handle: LeaseHandle, messages: Sequence[ModelMessage]) -> None:
-        token = _STAGED.set([])
-        try:
-            await super().checkpoint(handle, messages)
-        finally:
-            _STAGED.reset(token)
-
-    async def save_and_release(
-        self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None
-    ) -> None:
-        token = _STAGED.set([])
-        try:
-            await super().save_and_release(handle, messages)
-        finally:
-            _STAGED.reset(token)
-
-    async def release(self, handle: LeaseHandle) -> None:
-        token = _STAGED.set([])
-        try:
-            await super().release(handle)
-        finally:
-            _STAGED.reset(token)
-
-    async def _store_chunk_parts(
-        self, session_id: str, scope: str, key: str, parts: Sequence[bytes], now: float
-    ) -> None:
-        staged = _STAGED.get()
-        if staged is None:
-            await super()._store_chunk_parts(session_id, scope, key, parts, now)
-            return
-        # Inside a save: the parts are written by the same statement as the state.
-        ttl = self.chunk_ttl
-        expires_at = None if ttl is None else now + ttl
-        staged.extend((f"{key}/{i}", part, expires_at) for i, part in enumerate(parts))
-
-    async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:
-        staged = _STAGED.get()
-        if staged is None:
-            await super()._cas_state(handle, header, tail)
-            return
-        header, written, obsolete = await self._ready_for_cas(handle, header)
-        value = encode_state(header, tail)
-        chunks = list(staged)
-        staged.clear()
-        now = self.clock()
+    async def save(self, request: SaveRequest) -> str:
+        """The chunk parts and the fenced state swap in one statement (one commit)."""
+        now = self.kv.clock()
+        keys: list[str] = []
+        values: list[bytes] = []
+        expiries: list[float | None] = []
+        for chunk in request.chunks:
+            for i, part in enumerate(chunk.parts):
+                keys.append(f"{chunk.key}/{i}")
+                values.append(bytes(part))
+                expiries.append(chunk.expires_at)
+        version = new_version()
         params: dict[str, Any] = {
-            "scope": handle.scope,
+            "scope": request.scope,
             "state": STATE_KEY,
-            "value": value,
-            "version": new_version(),
-            "expected": handle.version,
-            "expires_at": None if self.ttl_seconds is None else now + self.ttl_seconds,
+            "value": request.state,
+            "version": version,
+            "expected": request.expected_version,
+            "expires_at": None if request.ttl_seconds is None else now + request.ttl_seconds,
             "now": now,
-            "keys": [c[0] for c in chunks],
-            "values": [c[1] for c in chunks],
-            "versions": [new_version() for _ in chunks],
-            "expiries": [c[2] for c in chunks],
+            "keys": keys,
+            "values": values,
+            "versions": [new_version() for _ in keys],
+            "expiries": expiries,
         }
+        self.kv._check_value(request.scope, STATE_KEY, request.state)
 
         async def run(conn: AsyncConnection[Any]) -> tuple[int, int]:
-            self.pg._check_value(handle.scope, STATE_KEY, value)
             cur = await conn.execute(self._save_sql, params)
             row = await cur.fetchone()
             assert row is not None
             return int(row[0]), int(row[1])
 
-        try:
-            swapped, inserted = await self._call(
-                handle.session_id, self.pg.run_native_write("session save", run)
-            )
-            if not swapped:
-                raise ConflictError("state version changed", scope=handle.scope, key=STATE_KEY)
-        except ConflictError:
-            handle.lost = True
-            self._discard_later(handle.session_id, handle.scope, written)
-            raise self._lost(handle) from None
-        except TransientStoreError:
-            handle.uncertain = value
-            raise
-        assert inserted == len(chunks)
-        handle.version = params["version"]
-        handle.header = header
-        handle.tail = tail
-        self._remember(handle.scope, header)
-        self._discard_later(handle.session_id, handle.scope, obsolete)
+        swapped, inserted = await self.kv.run_native_write("session save", run)
+        if not swapped:
+            raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
+        assert inserted == len(keys)
+        return version
 
 
 class PostgresSessionStore(SessionStore):
-    """:class:`~agent_stores.sessions.SessionStore` with the PostgreSQL fast path (2 round trips per turn)."""
+    """:class:`SessionStore` with :class:`PostgresSessionPort`: two statements per turn."""
 
-    storage_class = PostgresSessionStorage
+    def __init__(self, kv: PostgresKV, **options: Any) -> None:
+        super().__init__(kv, port=PostgresSessionPort(kv), **options)

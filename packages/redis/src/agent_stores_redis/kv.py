@@ -36,7 +36,7 @@ from agent_stores.kv.base import (
     ScanItem,
     new_version,
 )
-from agent_stores.url import StoreURL, redact
+from agent_stores.url import StoreURL, check_options, redact
 
 from . import lua
 from .config import (
@@ -354,6 +354,27 @@ class RedisKV(KVStore):
         result, _ = await self._eval(script, keys, args)
         return result
 
+    # -- for the native ports of this package -------------------------------------------
+
+    async def eval_script(
+        self, script: lua.Script, keys: Sequence[bytes], args: Sequence[Any]
+    ) -> Any:
+        """Run one of this package's scripts (by SHA, re-sent on NOSCRIPT), transient
+        failures retried; for scripts that may safely run twice (a session acquire does:
+        the retry finds its own lease)."""
+        result, _ = await self._eval(script, keys, args)
+        return result
+
+    @classmethod
+    def expiry_text(cls, expires_at: float | None) -> str:
+        """An absolute expiry as the scripts take it (``''``: none)."""
+        return cls._exp(expires_at)
+
+    @classmethod
+    def gc_milliseconds(cls, expires_at: float | None, now: float) -> int:
+        """The native-expiry (garbage collection) delay the scripts set for ``expires_at``."""
+        return cls._gc_ms(expires_at, now)
+
     async def _aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
@@ -646,9 +667,8 @@ def _config_value(reply: Any) -> str:
 
 
 def _pop_clock(options: dict[str, Any]) -> Clock | None:
+    check_options("the redis backend", options, "clock")
     clock: Any = options.pop("clock", None)
-    if options:
-        raise ConfigError(detail=f"unknown option(s) for the redis backend: {sorted(options)}")
     if clock is not None and not callable(clock):
         raise ConfigError(detail="clock must be a callable returning unix seconds")
     return cast("Clock | None", clock)

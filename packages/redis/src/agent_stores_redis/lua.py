@@ -214,6 +214,96 @@ return 0
 """
 
 
+_SESSION_ACQUIRE = """
+-- The session store's acquire + load (agent_stores.sessions.port): one round trip a turn.
+-- KEYS: index, state entry, waiter entry.
+-- ARGV: now, owner, owner as JSON, lease end, store id, courtesy seconds, refresh horizon
+--   ('' = none), load ('1'/'0'), new version, exp, gc_ms, entry prefix, known version,
+--   then the chunk keys the client holds.
+-- Returns {'acquired', state ('' when it is the known version's, rewritten), part key,
+-- part bytes, ...} | {'busy', lease expiry, holder, hinted '1'/'0'} | {'courtesy', seconds}
+-- | {'generic'} (the client runs the generic algorithm).
+local START = '{"format":"agent-stores.session/1","fence":'
+local now = tonumber(ARGV[1])
+local function header(fence)
+  local f = string.format('%d', fence)
+  return START .. f .. ',"lease":{"owner":' .. ARGV[3] .. ',"fence":' .. f ..
+    ',"expires_at":' .. ARGV[4] .. ',"acquired_at":' .. ARGV[1] .. '},"updated_at":' ..
+    ARGV[1] .. ',"released":null'
+end
+local cur = redis.call('HMGET', KEYS[2], 'v', 'ver', 'exp')
+local w = redis.call('HMGET', KEYS[3], 'v', 'ver', 'exp')
+local waiter = false
+if w[2] and not expired(w[3], now) then waiter = w[1] end
+if (not cur[2]) or expired(cur[3], now) then
+  local fresh = header(1) .. ',"chunks":[],"tail_count":0,"recovery":null,"created_at":' ..
+    ARGV[1] .. '}\\n[]'
+  put(KEYS[2], KEYS[1], 'state', fresh, ARGV[9], ARGV[10], ARGV[11])
+  return {'acquired', fresh}
+end
+local value = cur[1]
+local nl = string.find(value, '\\n', 1, true)
+if not nl or string.sub(value, 1, #START) ~= START then return {'generic'} end
+local kept = string.find(value, ',"chunks":', 1, true)
+if not kept or kept > nl then return {'generic'} end
+local ok, h = pcall(cjson.decode, string.sub(value, 1, nl - 1))
+if not ok or type(h) ~= 'table' or type(h['fence']) ~= 'number'
+   or type(h['chunks']) ~= 'table' then
+  return {'generic'}
+end
+local lease = h['lease']
+if type(lease) == 'table' then
+  if type(lease['expires_at']) ~= 'number' then return {'generic'} end
+  if lease['expires_at'] > now and lease['owner'] ~= ARGV[2] then
+    return {'busy', string.format('%.17g', lease['expires_at']), tostring(lease['owner']),
+            waiter and '1' or '0'}
+  end
+end
+local rel = h['released']
+if type(rel) == 'table' and rel['by'] == ARGV[5] and waiter and waiter ~= ARGV[5]
+   and type(rel['at']) == 'number' then
+  local left = rel['at'] + tonumber(ARGV[6]) - now
+  if left > 0 then return {'courtesy', string.format('%.17g', left)} end
+end
+if type(h['recovery']) == 'table' then return {'generic'} end
+local chunks = h['chunks']
+if ARGV[7] ~= '' then
+  local horizon = tonumber(ARGV[7])
+  for i = 1, #chunks do
+    local e = chunks[i][7]
+    if type(e) == 'number' and e < horizon then return {'generic'} end
+  end
+end
+local state = header(h['fence'] + 1) .. string.sub(value, kept)
+put(KEYS[2], KEYS[1], 'state', state, ARGV[9], ARGV[10], ARGV[11])
+if waiter and waiter == ARGV[5] then
+  redis.call('DEL', KEYS[3])
+  redis.call('ZREM', KEYS[1], 'w')
+end
+local out = {'acquired', state}
+if cur[2] == ARGV[13] then out[2] = '' end
+if ARGV[8] == '1' then
+  local held = {}
+  for i = 14, #ARGV do held[ARGV[i]] = true end
+  for i = 1, #chunks do
+    local key = chunks[i][1]
+    if type(key) ~= 'string' or type(chunks[i][4]) ~= 'number' then return {'generic'} end
+    if not held[key] then
+      for p = 0, chunks[i][4] - 1 do
+        local part = key .. '/' .. string.format('%d', p)
+        local e = redis.call('HMGET', ARGV[12] .. part, 'v', 'ver', 'exp')
+        if e[2] and not expired(e[3], now) then
+          out[#out + 1] = part
+          out[#out + 1] = e[1]
+        end
+      end
+    end
+  end
+end
+return out
+"""
+
+
 @dataclass(frozen=True)
 class Script:
     """One Lua script: its full source and the SHA1 Redis caches it under."""
@@ -239,5 +329,16 @@ SCAN = script("scan", _SCAN)
 SCOPE_LIVE = script("scope_live", _SCOPE_LIVE)
 DROP = script("drop", _DROP, common=False)
 COMMIT = script("commit", _COMMIT)
+SESSION_ACQUIRE = script("session_acquire", _SESSION_ACQUIRE)
 
-ALL: tuple[Script, ...] = (CREATE, REPLACE, DELETE, GET_MANY, SCAN, SCOPE_LIVE, DROP, COMMIT)
+ALL: tuple[Script, ...] = (
+    CREATE,
+    REPLACE,
+    DELETE,
+    GET_MANY,
+    SCAN,
+    SCOPE_LIVE,
+    DROP,
+    COMMIT,
+    SESSION_ACQUIRE,
+)

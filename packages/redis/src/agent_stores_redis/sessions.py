@@ -1,255 +1,144 @@
-"""The native session store on Redis: a turn in two round trips.
+"""The native session port on Redis: every turn in two round trips, warm or cold.
 
-Same stored layout, fencing and guarantees as the generic
-:class:`~agent_stores.sessions.SessionStore` (it *is* that store, with a faster storage
-layer), built on the Redis KV store's atomic multi-key ``commit`` script:
+:class:`RedisSessionPort` implements :class:`~agent_stores.sessions.SessionPort`; the
+store is the core's :class:`~agent_stores.sessions.SessionStore` with this port (same
+stored layout, fencing and guarantees, the contract unchanged):
 
-* **acquire + load in one round trip.** The store remembers the ``state`` record it
-  wrote when it last released a session (version, header, inline tail; the history
-  chunks are in the chunk cache). The next turn on that session builds the acquired
-  state from it and sends one script: replace ``state`` if it is still at that version
-  *and* no other client left a waiting hint. When that holds, the stored state is
-  byte-for-byte what the generic store would have read, so the outcome is the same; when
-  it does not (another process took a turn, someone waits, the state expired), the
-  generic path runs (two more round trips).
-* **save + release in one round trip.** New history chunks are written in the same
-  script as the fenced ``state`` write (``commit``: creates of fresh random keys + a
-  conditional replace), instead of one round trip for the chunks and one for the state.
-  Chunks still never exist referenced-but-unwritten, and a lost lease writes nothing.
-
-Everything else — waiting, renewal, cancellation, checkpoints, the recovery latch — is
-the generic code, and the session contract runs unchanged on it.
+* **acquire + load: one script** (:data:`agent_stores_redis.lua.SESSION_ACQUIRE`). It
+  reads ``state`` and the waiting hint, decides as the generic code does (held by
+  another owner → busy; this store just released and someone waits → courtesy),
+  rewrites the lease fields of the stored bytes (the mirror of
+  :func:`~agent_stores.sessions.acquired_state`), drops this store's own hint, and
+  returns the chunk parts the request does not list as held. The client lists the chunk
+  keys it has cached for the session, so a cold turn (the session last written by
+  another process) costs the same single round trip as a warm one and receives only the
+  chunks it lacks. When the state is the one this port last wrote, the script does not
+  send it back: the client rebuilds the same bytes. Unusual states (a recovery marker,
+  chunks due for re-copy, an unreadable header) are left to the generic code.
+* **save + release: one script**: the new chunk parts are created by the same atomic
+  ``commit`` as the fenced state replace, so chunks never exist referenced-but-unwritten
+  and a fenced-out save writes nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 from collections import OrderedDict
-from collections.abc import Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
-from agent_stores.errors import ConflictError
-from agent_stores.kv.base import Check, Create, Operation, Replace
-from agent_stores.sessions import Acquired, Busy, KVSessionStorage, LeaseHandle, SessionStore
-from agent_stores.sessions.errors import TransientStoreError
-from agent_stores.sessions.records import (
-    STATE_KEY,
-    WAITER_KEY,
-    Lease,
-    StateHeader,
-    encode_state,
+from agent_stores.kv.base import Create, Operation, Replace, new_version
+from agent_stores.sessions import (
+    GENERIC,
+    AcquireReply,
+    AcquireRequest,
+    SaveRequest,
+    SessionStore,
+    acquired_state,
 )
+from agent_stores.sessions.records import STATE_KEY, WAITER_KEY
 
-# A private type of the generic layer: the chunk plan handed to ``_write_chunk``.
-from pydantic_ai.messages import ModelMessage
+from . import lua
+from .kv import RedisKV
 
-#: How many released sessions a store remembers for the one-round-trip acquire.
+#: How many sessions' last written state a port remembers (to skip sending it back).
 KNOWN_STATES = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class _Known:
-    """The ``state`` record exactly as this store wrote it when releasing the session."""
+class RedisSessionPort:
+    """:class:`~agent_stores.sessions.SessionPort` on :class:`RedisKV`: one script per step."""
 
-    version: str
-    header: StateHeader
-    tail: bytes
+    def __init__(self, kv: RedisKV) -> None:
+        if not isinstance(kv, RedisKV):
+            raise TypeError(f"RedisSessionPort needs a RedisKV, got {type(kv).__name__}")
+        self.kv = kv
+        # scope -> (version, bytes) of the state this port last wrote or acquired.
+        self._known: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
 
-
-@dataclass(frozen=True, slots=True)
-class _StagedChunk:
-    key: str
-    parts: list[bytes]
-    ttl: float | None
-
-
-# Chunk writes staged by the save running in this task (None: write them at once).
-_staged: ContextVar[list[_StagedChunk] | None] = ContextVar(
-    "agent_stores_redis_staged_chunks", default=None
-)
-
-
-class RedisSessionStorage(KVSessionStorage):
-    """:class:`KVSessionStorage` with one-round-trip acquire and save on :class:`RedisKV`."""
-
-    def __init__(self, kv: Any, **options: Any) -> None:
-        super().__init__(kv, **options)
-        self._known: OrderedDict[str, _Known] = OrderedDict()
-        #: round trips saved, for people reading metrics: (fast acquires, fallbacks)
-        self.fast_acquires = 0
-        self.fallback_acquires = 0
-
-    # -- known states ---------------------------------------------------------------------
-
-    def _remember(self, handle: LeaseHandle) -> None:
-        self._known[handle.scope] = _Known(handle.version, handle.header, handle.tail)
-        self._known.move_to_end(handle.scope)
-        while len(self._known) > KNOWN_STATES:
+    def _remember(self, scope: str, version: str, value: bytes) -> None:
+        self._known[scope] = (version, value)
+        self._known.move_to_end(scope)
+        if len(self._known) > KNOWN_STATES:
             self._known.popitem(last=False)
 
-    def _forget(self, scope: str) -> None:
-        self._known.pop(scope, None)
-
-    # -- acquire ----------------------------------------------------------------------------
-
-    async def load_and_acquire(
-        self,
-        session_id: str,
-        *,
-        owner: str,
-        allow_recovery: bool = False,
-        load_history: bool = True,
-    ) -> Acquired | Busy:
-        scope = self.scope_for(session_id)
-        known = self._known.pop(scope, None)
-        if (
-            known is not None
-            and known.header.lease is None
-            and (allow_recovery or not known.header.recovery)
-        ):
-            fast = await self._fast_acquire(session_id, scope, owner, known, load_history)
-            if fast is not None:
-                self.fast_acquires += 1
-                return fast
-        self.fallback_acquires += 1
-        return await super().load_and_acquire(
-            session_id, owner=owner, allow_recovery=allow_recovery, load_history=load_history
-        )
-
-    async def _fast_acquire(
-        self, session_id: str, scope: str, owner: str, known: _Known, load_history: bool
-    ) -> Acquired | None:
-        """Take the lease in one script if ``state`` is still ``known`` and nobody waits."""
-        now = self.clock()
-        lease_end = now + self.lease_seconds
-        fence = known.header.fence + 1
-        acquired = replace(
-            known.header,
-            lease=Lease(owner, fence, lease_end, now),
-            fence=fence,
-            updated_at=now,
-            released_by=None,
-            released_at=None,
-        )
-        chunks, written, obsolete = await self._refresh_chunks(
-            session_id, scope, known.header.chunks, now
-        )
-        if written:
-            acquired = replace(acquired, chunks=tuple(chunks))
-        # The history comes from the chunk cache (taken now: the cache may evict later).
-        fetched: dict[str, bytes] = {}
-        if load_history:
-            for ref in acquired.chunks:
-                cached = self.cache.get(scope, ref.key)
-                if cached is None:
-                    return None  # the generic path reads missing chunks alongside its CAS
-                fetched[ref.key] = cached.raw
-        ops: list[Operation] = [
-            Replace(STATE_KEY, encode_state(acquired, known.tail), known.version, self.ttl_seconds),
-            Check(WAITER_KEY, None),
-        ]
-        try:
-            versions = await self._call(session_id, self.kv.commit(scope, ops))
-        except ConflictError:
-            self._discard_later(session_id, scope, written)
-            return None
-        version = versions[0]
-        assert version is not None
-        handle = LeaseHandle(
-            session_id,
-            scope,
-            owner,
-            fence,
-            lease_end,
-            [],
-            acquired.recovery,
+    async def acquire(self, request: AcquireRequest) -> AcquireReply:
+        """One script: decide, take the lease, return the state (unless known) and missing chunks."""
+        kv = self.kv
+        scope = request.scope
+        now = request.now
+        known = self._known.get(scope)
+        version = new_version()
+        expires_at = None if request.ttl_seconds is None else now + request.ttl_seconds
+        owner_json = json.dumps(request.owner)
+        args: list[Any] = [
+            repr(float(request.now)),
+            request.owner,
+            owner_json,
+            repr(float(request.lease_end)),
+            request.store_id,
+            repr(float(request.courtesy_seconds)),
+            "" if request.refresh_horizon is None else repr(float(request.refresh_horizon)),
+            "1" if request.load_history else "0",
             version,
-            acquired,
-            known.tail,
-        )
-        self._discard_later(session_id, scope, obsolete)
-        if load_history:
-            try:
-                handle.messages = self._assemble(session_id, scope, acquired, known.tail, fetched)
-            except BaseException:
-                await asyncio.shield(self._release_quietly(handle))
-                raise
-        return Acquired(handle)
+            kv.expiry_text(expires_at),
+            kv.gc_milliseconds(expires_at, now),
+            kv.layout.entry_prefix(scope),
+            known[0] if known is not None else "",
+            *sorted(request.held_chunks),
+        ]
+        keys = [
+            kv.layout.index(scope),
+            kv.layout.entry(scope, STATE_KEY),
+            kv.layout.entry(scope, WAITER_KEY),
+        ]
+        reply = await kv.eval_script(lua.SESSION_ACQUIRE, keys, args)
+        outcome = reply[0]
+        if outcome == b"acquired":
+            state = bytes(reply[1])
+            if not state:
+                assert known is not None
+                rebuilt = acquired_state(
+                    known[1], owner=request.owner, lease_end=request.lease_end, now=request.now
+                )
+                if rebuilt is None:  # pragma: no cover - the script read the same bytes
+                    self._known.pop(scope, None)
+                    return GENERIC
+                state = rebuilt
+            self._remember(scope, version, state)
+            parts = {bytes(reply[i]).decode(): bytes(reply[i + 1]) for i in range(2, len(reply), 2)}
+            return AcquireReply("acquired", version=version, state=state, parts=parts)
+        if outcome == b"busy":
+            return AcquireReply(
+                "busy",
+                lease_expires_at=float(reply[1]),
+                holder=bytes(reply[2]).decode(),
+                waiter_hinted=reply[3] == b"1",
+            )
+        if outcome == b"courtesy":
+            return AcquireReply("courtesy", retry_after=float(reply[1]))
+        self._known.pop(scope, None)
+        return GENERIC
 
-    # -- saves ------------------------------------------------------------------------------
-
-    async def _save(
-        self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None, *, release: bool
-    ) -> None:
-        token = _staged.set([])
-        try:
-            await super()._save(handle, messages, release=release)
-        except BaseException:
-            self._forget(handle.scope)
-            raise
-        finally:
-            _staged.reset(token)
-        if release:
-            self._remember(handle)
-
-    async def _store_chunk_parts(
-        self, session_id: str, scope: str, key: str, parts: Sequence[bytes], now: float
-    ) -> None:
-        staged = _staged.get()
-        if staged is None:
-            await super()._store_chunk_parts(session_id, scope, key, parts, now)
-            return
-        # Inside a save: the parts are written by the same script as the state.
-        staged.append(_StagedChunk(key, list(parts), self.chunk_ttl))
-
-    async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:
-        staged = _staged.get()
-        if staged is None:
-            await super()._cas_state(handle, header, tail)
-            return
-        header, written, obsolete = await self._ready_for_cas(handle, header)
-        value = encode_state(header, tail)
+    async def save(self, request: SaveRequest) -> str:
+        """Chunk parts and the fenced state in one atomic ``commit`` script."""
         ops: list[Operation] = [
-            Create(f"{chunk.key}/{i}", part, chunk.ttl)
-            for chunk in staged
+            Create(f"{chunk.key}/{i}", part, request.chunk_ttl_seconds)
+            for chunk in request.chunks
             for i, part in enumerate(chunk.parts)
         ]
-        ops.append(Replace(STATE_KEY, value, handle.version, self.ttl_seconds))
-        staged.clear()
+        ops.append(Replace(STATE_KEY, request.state, request.expected_version, request.ttl_seconds))
         try:
-            versions = await self._call(handle.session_id, self.kv.commit(handle.scope, ops))
-        except ConflictError:
-            handle.lost = True
-            self._discard_later(handle.session_id, handle.scope, written)
-            raise self._lost(handle) from None
-        except TransientStoreError:
-            handle.uncertain = value
+            versions = await self.kv.commit(request.scope, ops)
+        except BaseException:
+            self._known.pop(request.scope, None)
             raise
         version = versions[-1]
         assert version is not None
-        handle.version = version
-        handle.header = header
-        handle.tail = tail
-        self._discard_later(handle.session_id, handle.scope, obsolete)
-
-    # -- other transitions forget the remembered state --------------------------------------
-
-    async def reset(self, handle: LeaseHandle) -> None:
-        self._forget(handle.scope)
-        await super().reset(handle)
-
-    async def force_reset(self, session_id: str) -> bool:
-        self._forget(self.scope_for(session_id))
-        return await super().force_reset(session_id)
-
-    async def clear_recovery(self, handle: LeaseHandle) -> bool:
-        self._forget(handle.scope)
-        return await super().clear_recovery(handle)
+        self._remember(request.scope, version, request.state)
+        return version
 
 
 class RedisSessionStore(SessionStore):
-    """The session store with :class:`RedisSessionStorage`: two round trips per turn."""
+    """:class:`SessionStore` with :class:`RedisSessionPort`: two round trips per turn."""
 
-    storage_class: ClassVar[type[KVSessionStorage]] = RedisSessionStorage
+    def __init__(self, kv: RedisKV, **options: Any) -> None:
+        super().__init__(kv, port=RedisSessionPort(kv), **options)

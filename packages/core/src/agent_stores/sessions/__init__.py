@@ -35,13 +35,14 @@ Layers (for backend authors):
   message encoding (``ModelMessagesTypeAdapter``). ``cache.py`` — decoded chunks cached by
   key (they never change).
 
-A backend with a native fast path (e.g. acquire + load in one Redis script, save +
-release in one PostgreSQL statement) subclasses :class:`KVSessionStorage`, overrides the
-transitions it can do faster while keeping the layout and fencing rules documented
-there, then subclasses :class:`SessionStore` with ``storage_class = ThatStorage`` and
-returns it from the ``session_store`` hook. Everything else — waiting, renewal,
-cancellation, checkpoints, the recovery latch, the capabilities — is inherited unchanged,
-and the session contract suite must pass as is.
+* ``port.py`` — the native port: :class:`SessionPort` (``acquire`` + load in one round
+  trip, ``save`` of chunks + fenced state), the generic :class:`KVSessionPort`.
+
+A backend with a native path (acquire + load in one Redis script, save + release in one
+PostgreSQL statement) implements :class:`SessionPort` and returns
+``SessionStore(kv, port=MyPort(kv), **options)`` from its ``session_store`` hook.
+Everything else — waiting, renewal, cancellation, checkpoints, the recovery latch, the
+capabilities — stays the core's, and the session contract suite must pass as is.
 """
 
 from __future__ import annotations
@@ -57,23 +58,41 @@ from .errors import (
     TransientStoreError,
 )
 from .info import SessionInfo
+from .port import (
+    GENERIC,
+    AcquireReply,
+    AcquireRequest,
+    ChunkWrite,
+    KVSessionPort,
+    SaveRequest,
+    SessionPort,
+    acquired_state,
+)
 from .storage import Acquired, Busy, KVSessionStorage, LeaseHandle
 from .store import Session, SessionStore
 
 __all__ = [
+    "GENERIC",
+    "AcquireReply",
+    "AcquireRequest",
     "Acquired",
     "Busy",
+    "ChunkWrite",
     "EffectCall",
     "InvalidSessionError",
+    "KVSessionPort",
     "KVSessionStorage",
     "LeaseHandle",
     "LeaseLostError",
     "RecoveryRequiredError",
+    "SaveRequest",
     "Session",
     "SessionBusyError",
     "SessionError",
     "SessionInfo",
+    "SessionPort",
     "SessionStore",
     "SessionStoreError",
     "TransientStoreError",
+    "acquired_state",
 ]

@@ -29,6 +29,8 @@ class ChunkCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._items: OrderedDict[tuple[str, str], CachedChunk] = OrderedDict()
+        # Keys per scope, so an acquire can tell the server which chunks it need not send.
+        self._by_scope: dict[str, set[str]] = {}
         self._bytes = 0
         # Stores may be shared by threads running their own event loops.
         self._lock = threading.Lock()
@@ -51,10 +53,12 @@ class ChunkCache:
             if old is not None:
                 self._bytes -= len(old.raw)
             self._items[(scope, key)] = chunk
+            self._by_scope.setdefault(scope, set()).add(key)
             self._bytes += size
             while self._bytes > self.max_bytes and self._items:
-                _, evicted = self._items.popitem(last=False)
+                (gone_scope, gone_key), evicted = self._items.popitem(last=False)
                 self._bytes -= len(evicted.raw)
+                self._unindex(gone_scope, gone_key)
 
     def discard(self, scope: str, key: str) -> None:
         """Forget a chunk (after it was deleted)."""
@@ -62,6 +66,19 @@ class ChunkCache:
             old = self._items.pop((scope, key), None)
             if old is not None:
                 self._bytes -= len(old.raw)
+                self._unindex(scope, key)
+
+    def keys(self, scope: str) -> frozenset[str]:
+        """The keys of the chunks of ``scope`` held now."""
+        with self._lock:
+            return frozenset(self._by_scope.get(scope, ()))
+
+    def _unindex(self, scope: str, key: str) -> None:
+        keys = self._by_scope.get(scope)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_scope[scope]
 
     def __len__(self) -> int:
         return len(self._items)

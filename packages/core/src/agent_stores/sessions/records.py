@@ -101,6 +101,8 @@ class RecordError(ValueError):
 
 def encode_state(header: StateHeader, tail: bytes) -> bytes:
     """The bytes of a ``state`` record."""
+    # Field order matters: the fields an acquire rewrites come first, so a native port
+    # can take a lease by rewriting the bytes before ``,"chunks":`` (see ``port.py``).
     doc: dict[str, Any] = {
         "format": FORMAT,
         "fence": header.fence,
@@ -112,6 +114,10 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
             "expires_at": header.lease.expires_at,
             "acquired_at": header.lease.acquired_at,
         },
+        "updated_at": header.updated_at,
+        "released": None
+        if header.released_by is None
+        else {"by": header.released_by, "at": header.released_at},
         "chunks": [
             [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at]
             for c in header.chunks
@@ -121,10 +127,6 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
         if not header.recovery
         else {"calls": [list(c) for c in header.recovery], "since": header.recovery_since},
         "created_at": header.created_at,
-        "updated_at": header.updated_at,
-        "released": None
-        if header.released_by is None
-        else {"by": header.released_by, "at": header.released_at},
     }
     if header.extra:
         doc["extra"] = header.extra

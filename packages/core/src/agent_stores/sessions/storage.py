@@ -17,13 +17,15 @@ lease renewal timing, cancellation, draining) and calls only these methods:
 ``inspect`` / ``read_messages`` / ``list_sessions``   lease-free reads
 ========================  ==============================================================
 
-A backend with a faster native path (a Redis script, one PostgreSQL statement) subclasses
-this class, overrides e.g. ``load_and_acquire`` and ``save_and_release``, keeps the same
-stored layout (:mod:`agent_stores.sessions.records`) and the same rules:
+Every acquire and every state write goes through the store's
+:class:`~agent_stores.sessions.port.SessionPort`: the generic :class:`KVSessionPort` by
+default, a backend's native port (a Redis script, one PostgreSQL statement) when its
+``session_store`` hook supplies one. The port only moves bytes; the rules stay here:
 
 * every write of ``state`` is conditional on the version read (the fencing token); a
   failed condition raises :class:`LeaseLostError` and marks the handle lost;
-* chunks are written before the state that references them and never modified;
+* chunks are written before (or together with) the state that references them and never
+  modified;
 * no referenced chunk expires before the state that references it.
 
 The caller serializes calls on one handle; different handles may be used concurrently.
@@ -58,6 +60,14 @@ from .errors import (
     TransientStoreError,
 )
 from .info import SessionInfo
+from .port import (
+    AcquireReply,
+    AcquireRequest,
+    ChunkWrite,
+    KVSessionPort,
+    SaveRequest,
+    SessionPort,
+)
 from .records import (
     CHUNK_PREFIX,
     EMPTY_ARRAY,
@@ -90,8 +100,7 @@ class LeaseHandle:
     """An acquired session, as the storage layer sees it.
 
     ``messages`` is the history as stored now (the basis for incremental writes);
-    ``version``/``header``/``tail`` are the generic layer's view of the ``state`` record
-    (a native subclass may keep its own data in ``native``).
+    ``version``/``header``/``tail`` are the ``state`` record as last written.
     """
 
     session_id: str
@@ -107,7 +116,6 @@ class LeaseHandle:
     lost: bool = False
     #: the bytes of a state write whose outcome is unknown (transient error), if any
     uncertain: bytes | None = None
-    native: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +160,17 @@ class _Plan:
     tail_count: int
     written: list[ChunkRef] = field(default_factory=list)
     obsolete: list[ChunkRef] = field(default_factory=list)
+    writes: list[ChunkWrite] = field(default_factory=list)
+
+
+@dataclass
+class _Refreshed:
+    """Chunks after re-copying those that would expire before a state written now."""
+
+    chunks: list[ChunkRef]
+    written: list[ChunkRef]
+    obsolete: list[ChunkRef]
+    writes: list[ChunkWrite]
 
 
 class KVSessionStorage:
@@ -177,8 +196,13 @@ class KVSessionStorage:
         cache_bytes: int = 32 << 20,
         handover_courtesy_seconds: float = 0.1,
         waiter_hint_seconds: float = 0.5,
+        port: SessionPort | None = None,
     ) -> None:
         self.kv = kv
+        #: the native port of the backend, or the generic one
+        self.port: SessionPort = port if port is not None else KVSessionPort(kv)
+        # The generic port's acquire is the algorithm below: skip asking it.
+        self._native_acquire = not isinstance(self.port, KVSessionPort)
         self.store_id = store_id
         self.ttl_seconds = ttl_seconds
         self.lease_seconds = lease_seconds
@@ -289,14 +313,13 @@ class KVSessionStorage:
 
     # -- chunks ---------------------------------------------------------------------------
 
-    async def _write_chunk(
-        self, session_id: str, scope: str, planned: _Planned, now: float
-    ) -> ChunkRef:
+    def _new_chunk(self, scope: str, planned: _Planned, now: float) -> tuple[ChunkRef, ChunkWrite]:
+        """A reference to a new chunk and its write (done by the port with the state's)."""
         assert planned.blob is not None
         key = f"{CHUNK_PREFIX}{secrets.token_hex(8)}"
         parts = split_parts(planned.blob, self.part_bytes)
         ttl = self.chunk_ttl
-        await self._store_chunk_parts(session_id, scope, key, parts, now)
+        expires_at = None if ttl is None else now + ttl
         ref = ChunkRef(
             key=key,
             count=planned.count,
@@ -304,26 +327,10 @@ class KVSessionStorage:
             parts=len(parts),
             level=planned.level,
             sealed=planned.sealed,
-            expires_at=None if ttl is None else now + ttl,
+            expires_at=expires_at,
         )
         self._remember_written_chunk(scope, key, planned)
-        return ref
-
-    async def _store_chunk_parts(
-        self, session_id: str, scope: str, key: str, parts: Sequence[bytes], now: float
-    ) -> None:
-        """Write the parts of a new chunk as ``key/0``, ``key/1``, … (create-if-absent).
-
-        Native fast paths override this to stage the parts and write them in the same
-        round trip as the state.
-        """
-        ttl = self.chunk_ttl
-        await asyncio.gather(
-            *(
-                self._call(session_id, self.kv.create(scope, f"{key}/{i}", part, ttl=ttl))
-                for i, part in enumerate(parts)
-            )
-        )
+        return ref, ChunkWrite(key, parts, expires_at)
 
     def _as_stored(
         self, scope: str, chunks: Sequence[ChunkRef], messages: Sequence[ModelMessage]
@@ -346,7 +353,7 @@ class KVSessionStorage:
         return [*stored, *messages[len(stored) :]]
 
     def _remember_written_chunk(self, scope: str, key: str, planned: _Planned) -> None:
-        """Cache a chunk this process just wrote (backends' ``_write_chunk`` call it too).
+        """Cache a chunk this process is writing.
 
         The cache holds what a reader decodes from the stored bytes, never the caller's own
         objects: Pydantic AI edits messages in place after they were saved, and a later
@@ -410,22 +417,20 @@ class KVSessionStorage:
 
     async def _refresh_chunks(
         self, session_id: str, scope: str, chunks: Sequence[ChunkRef], now: float
-    ) -> tuple[list[ChunkRef], list[ChunkRef], list[ChunkRef]]:
-        """Copy chunks that would expire before a state written now; (chunks, written, obsolete)."""
+    ) -> _Refreshed:
+        """Copy chunks that would expire before a state written now (the copies are
+        written by the state's save)."""
         if self.ttl_seconds is None:
-            return list(chunks), [], []
+            return _Refreshed(list(chunks), [], [], [])
         horizon = now + self.ttl_seconds
-        out: list[ChunkRef] = []
-        written: list[ChunkRef] = []
-        obsolete: list[ChunkRef] = []
+        out = _Refreshed([], [], [], [])
         for ref in chunks:
             if ref.expires_at is None or ref.expires_at >= horizon:
-                out.append(ref)
+                out.chunks.append(ref)
                 continue
             raw = await self._chunk_raw(session_id, scope, ref)
             cached = self.cache.get(scope, ref.key)
-            copy = await self._write_chunk(
-                session_id,
+            copy, write = self._new_chunk(
                 scope,
                 _Planned(
                     ref.count,
@@ -437,10 +442,11 @@ class KVSessionStorage:
                 ),
                 now,
             )
-            out.append(copy)
-            written.append(copy)
-            obsolete.append(ref)
-        return out, written, obsolete
+            out.chunks.append(copy)
+            out.written.append(copy)
+            out.obsolete.append(ref)
+            out.writes.append(write)
+        return out
 
     async def _plan_history(
         self, handle: LeaseHandle, messages: Sequence[ModelMessage], now: float
@@ -477,14 +483,15 @@ class KVSessionStorage:
                 planned.extend(self._spill(tail, tail_messages))
                 tail, tail_messages = EMPTY_ARRAY, []
         await self._compact(handle, planned, messages, obsolete)
-        to_write = [p for p in planned if p.ref is None]
-        refs = await asyncio.gather(
-            *(self._write_chunk(handle.session_id, handle.scope, p, now) for p in to_write)
-        )
-        for p, ref in zip(to_write, refs, strict=True):
-            p.ref = ref
+        refs: list[ChunkRef] = []
+        writes: list[ChunkWrite] = []
+        for p in planned:
+            if p.ref is None:
+                p.ref, write = self._new_chunk(handle.scope, p, now)
+                refs.append(p.ref)
+                writes.append(write)
         chunks = [p.ref for p in planned if p.ref is not None]
-        return _Plan(chunks, tail, len(tail_messages), list(refs), obsolete)
+        return _Plan(chunks, tail, len(tail_messages), refs, obsolete, writes)
 
     def _spill(self, tail: bytes, messages: Sequence[ModelMessage]) -> list[_Planned]:
         """Turn an over-full tail into chunks of at most ``chunk_bytes`` (split at message boundaries)."""
@@ -605,24 +612,41 @@ class KVSessionStorage:
 
     # -- state writes ---------------------------------------------------------------------
 
-    async def _cas_state(self, handle: LeaseHandle, header: StateHeader, tail: bytes) -> None:
-        """Write ``state`` fenced by the handle's version; on success the handle follows."""
-        header, written, obsolete = await self._ready_for_cas(handle, header)
+    def _save_request(
+        self, scope: str, value: bytes, expected_version: str, writes: Sequence[ChunkWrite]
+    ) -> SaveRequest:
+        return SaveRequest(
+            scope, value, expected_version, self.ttl_seconds, self.chunk_ttl, list(writes)
+        )
+
+    async def _cas_state(
+        self,
+        handle: LeaseHandle,
+        header: StateHeader,
+        tail: bytes,
+        writes: Sequence[ChunkWrite] = (),
+    ) -> None:
+        """Write ``state`` (and the new chunks ``writes``) fenced by the handle's version
+        through the port; on success the handle follows."""
+        if handle.lost:
+            raise self._lost(handle)
+        if handle.uncertain is not None:
+            await self._resolve_uncertain(handle)
+        refreshed = await self._refresh_chunks(
+            handle.session_id, handle.scope, header.chunks, self.clock()
+        )
+        if refreshed.written:
+            header = replace(header, chunks=tuple(refreshed.chunks))
+            writes = [*writes, *refreshed.writes]
         value = encode_state(header, tail)
         try:
             version = await self._call(
                 handle.session_id,
-                self.kv.replace(
-                    handle.scope,
-                    STATE_KEY,
-                    value,
-                    expected_version=handle.version,
-                    ttl=self.ttl_seconds,
-                ),
+                self.port.save(self._save_request(handle.scope, value, handle.version, writes)),
             )
         except ConflictError:
             handle.lost = True
-            self._discard_later(handle.session_id, handle.scope, written)
+            self._discard_later(handle.session_id, handle.scope, refreshed.written)
             raise self._lost(handle) from None
         except TransientStoreError:
             handle.uncertain = value
@@ -630,29 +654,7 @@ class KVSessionStorage:
         handle.version = version
         handle.header = header
         handle.tail = tail
-        self._discard_later(handle.session_id, handle.scope, obsolete)
-
-    async def _ready_for_cas(
-        self, handle: LeaseHandle, header: StateHeader
-    ) -> tuple[StateHeader, list[ChunkRef], list[ChunkRef]]:
-        """What every state CAS does first (fast paths too): refuse a lost lease, settle a
-        write whose outcome is unknown, refresh chunks about to expire. Returns the header
-        to write and the chunks written / made obsolete by the refresh."""
-        if handle.lost:
-            raise self._lost(handle)
-        if handle.uncertain is not None:
-            await self._resolve_uncertain(handle)
-        return await self._refreshed(handle, header)
-
-    async def _refreshed(
-        self, handle: LeaseHandle, header: StateHeader
-    ) -> tuple[StateHeader, list[ChunkRef], list[ChunkRef]]:
-        chunks, written, obsolete = await self._refresh_chunks(
-            handle.session_id, handle.scope, header.chunks, self.clock()
-        )
-        if written:
-            header = replace(header, chunks=tuple(chunks))
-        return header, written, obsolete
+        self._discard_later(handle.session_id, handle.scope, refreshed.obsolete)
 
     async def _resolve_uncertain(self, handle: LeaseHandle) -> None:
         """After a write whose outcome is unknown: adopt it if it landed, else go on from the old version."""
@@ -695,8 +697,105 @@ class KVSessionStorage:
         ``allow_recovery``; the attempt renews the session's TTL) and
         :class:`InvalidSessionError` when the stored data cannot be decoded (the lease
         is released again and nothing is overwritten).
+
+        A native port does it in one round trip; the generic algorithm below (also run
+        when a port answers ``GENERIC``) reads the state, then CASes it while reading the
+        chunks this process lacks.
         """
         scope = self.scope_for(session_id)
+        if self._native_acquire:
+            reply = await self._call(
+                session_id, self.port.acquire(self._acquire_request(scope, owner, load_history))
+            )
+            if reply.outcome == "acquired":
+                return await self._acquired(session_id, scope, owner, reply, load_history)
+            if reply.outcome == "busy":
+                return Busy(
+                    lease_expires_at=reply.lease_expires_at,
+                    holder=reply.holder,
+                    waiter_hinted=reply.waiter_hinted,
+                )
+            if reply.outcome == "courtesy":
+                return Busy(retry_after=max(reply.retry_after or 0.0, 0.0))
+        return await self._generic_acquire(
+            session_id, scope, owner=owner, allow_recovery=allow_recovery, load_history=load_history
+        )
+
+    def _acquire_request(self, scope: str, owner: str, load_history: bool) -> AcquireRequest:
+        now = self.clock()
+        lease_end = now + self.lease_seconds
+        return AcquireRequest(
+            scope=scope,
+            owner=owner,
+            now=now,
+            lease_end=lease_end,
+            store_id=self.store_id,
+            courtesy_seconds=self.handover_courtesy_seconds,
+            ttl_seconds=self.ttl_seconds,
+            refresh_horizon=None if self.ttl_seconds is None else now + self.ttl_seconds,
+            load_history=load_history,
+            held_chunks=self.cache.keys(scope),
+        )
+
+    async def _acquired(
+        self, session_id: str, scope: str, owner: str, reply: AcquireReply, load_history: bool
+    ) -> Acquired:
+        """A handle from a port's ``acquired`` reply; the history from the cache and the reply."""
+        if reply.version is None or reply.state is None:
+            raise SessionStoreError(
+                f"session {session_id!r}: the backend's acquire returned no state",
+                session_id=session_id,
+            )
+        header, tail = self._decode(session_id, reply.state)
+        lease = header.lease
+        if lease is None or lease.owner != owner:
+            raise self._invalid(session_id, "the acquired state does not hold this turn's lease")
+        handle = LeaseHandle(
+            session_id,
+            scope,
+            owner,
+            header.fence,
+            lease.expires_at,
+            [],
+            header.recovery,
+            reply.version,
+            header,
+            tail,
+        )
+        if not load_history:
+            return Acquired(handle)
+        try:
+            fetched: dict[str, bytes] = {}
+            missing: list[ChunkRef] = []
+            parts = reply.parts
+            for ref in header.chunks:
+                if self.cache.get(scope, ref.key) is not None:
+                    continue
+                pieces = [parts.get(k) for k in ref.part_keys()]
+                if all(p is not None for p in pieces):
+                    fetched[ref.key] = b"".join(p for p in pieces if p is not None)
+                else:
+                    missing.append(ref)  # evicted from the cache meanwhile, or truly missing
+            if missing:
+                try:
+                    fetched.update(await self._fetch_chunks(session_id, scope, missing))
+                except _MissingChunk as exc:
+                    raise self._invalid(session_id, f"history chunk {exc} is missing") from None
+            handle.messages = self._assemble(session_id, scope, header, tail, fetched)
+        except BaseException:
+            await asyncio.shield(self._release_quietly(handle))
+            raise
+        return Acquired(handle)
+
+    async def _generic_acquire(
+        self,
+        session_id: str,
+        scope: str,
+        *,
+        owner: str,
+        allow_recovery: bool,
+        load_history: bool,
+    ) -> Acquired | Busy:
         found = await self._call(session_id, self.kv.get_many(scope, [STATE_KEY, WAITER_KEY]))
         now = self.clock()
         entry = found.get(STATE_KEY)
@@ -748,19 +847,15 @@ class KVSessionStorage:
             released_by=None,
             released_at=None,
         )
-        chunks, written, obsolete = await self._refresh_chunks(
-            session_id, scope, header.chunks, now
-        )
-        if written:
-            acquired = replace(acquired, chunks=tuple(chunks))
+        refreshed = await self._refresh_chunks(session_id, scope, header.chunks, now)
+        if refreshed.written:
+            acquired = replace(acquired, chunks=tuple(refreshed.chunks))
         cas = self._call(
             session_id,
-            self.kv.replace(
-                scope,
-                STATE_KEY,
-                encode_state(acquired, tail),
-                expected_version=entry.version,
-                ttl=self.ttl_seconds,
+            self.port.save(
+                self._save_request(
+                    scope, encode_state(acquired, tail), entry.version, refreshed.writes
+                )
             ),
         )
         fetched: dict[str, bytes] | BaseException = {}
@@ -773,7 +868,7 @@ class KVSessionStorage:
         else:
             (cas_result,) = await asyncio.gather(cas, return_exceptions=True)
         if isinstance(cas_result, ConflictError):
-            self._discard_later(session_id, scope, written)
+            self._discard_later(session_id, scope, refreshed.written)
             return Busy(retry_after=0.0)
         if isinstance(cas_result, BaseException):
             raise cas_result
@@ -789,7 +884,7 @@ class KVSessionStorage:
             acquired,
             tail,
         )
-        self._discard_later(session_id, scope, obsolete)
+        self._discard_later(session_id, scope, refreshed.obsolete)
         if waiter is not None and waiter.value == self.store_id.encode():
             # We are no longer waiting: make room for the hint of whoever waits now.
             self._spawn(self.kv.delete(scope, WAITER_KEY, expected_version=waiter.version))
@@ -820,25 +915,19 @@ class KVSessionStorage:
     ) -> None:
         """Renew a latched session's TTL (each recovery attempt does); losing the race is fine."""
         now = self.clock()
-        chunks, written, obsolete = await self._refresh_chunks(
-            session_id, scope, header.chunks, now
-        )
-        header = replace(header, chunks=tuple(chunks), updated_at=now)
+        refreshed = await self._refresh_chunks(session_id, scope, header.chunks, now)
+        header = replace(header, chunks=tuple(refreshed.chunks), updated_at=now)
         try:
             await self._call(
                 session_id,
-                self.kv.replace(
-                    scope,
-                    STATE_KEY,
-                    encode_state(header, tail),
-                    expected_version=version,
-                    ttl=self.ttl_seconds,
+                self.port.save(
+                    self._save_request(scope, encode_state(header, tail), version, refreshed.writes)
                 ),
             )
         except ConflictError:
-            self._discard_later(session_id, scope, written)
+            self._discard_later(session_id, scope, refreshed.written)
             return
-        self._discard_later(session_id, scope, obsolete)
+        self._discard_later(session_id, scope, refreshed.obsolete)
 
     async def _release_quietly(self, handle: LeaseHandle) -> None:
         try:
@@ -915,7 +1004,7 @@ class KVSessionStorage:
             released_at=now if release else None,
         )
         try:
-            await self._cas_state(handle, new_header, plan.tail)
+            await self._cas_state(handle, new_header, plan.tail, plan.writes)
         except LeaseLostError:
             self._discard_later(handle.session_id, handle.scope, plan.written)
             raise

@@ -27,6 +27,7 @@ from .errors import (
     TransientStoreError,
 )
 from .info import SessionInfo
+from .port import SessionPort
 from .storage import Acquired, KVSessionStorage, LeaseHandle
 
 log = logging.getLogger("agent_stores.sessions")
@@ -333,8 +334,10 @@ class SessionStore(AsyncCloseable):
         Prefix of the KV scopes of sessions (isolates sessions from other stores' data).
     ``cache_bytes``, ``tail_bytes``, ``chunk_bytes``, ``fanout``
         History layout tuning; see :class:`~agent_stores.sessions.storage.KVSessionStorage`.
-
-    Backends with a native fast path subclass this class and set :attr:`storage_class`.
+    ``port``
+        The backend's native :class:`~agent_stores.sessions.port.SessionPort` (acquire +
+        load, save + release); None: the generic :class:`~agent_stores.sessions.port.KVSessionPort`.
+        Backends pass it from their ``session_store`` hook.
     """
 
     #: The storage layer class; a backend's native store overrides it.
@@ -356,6 +359,7 @@ class SessionStore(AsyncCloseable):
         tail_bytes: int | None = None,
         chunk_bytes: int | None = None,
         fanout: int = 8,
+        port: SessionPort | None = None,
     ) -> None:
         if not isinstance(kv, KVStore):
             raise ConfigError(detail=f"SessionStore needs a KVStore, got {type(kv).__name__}")
@@ -401,6 +405,7 @@ class SessionStore(AsyncCloseable):
             cache_bytes=cache_bytes,
             handover_courtesy_seconds=courtesy,
             waiter_hint_seconds=max(4 * poll_max_seconds, 2 * courtesy),
+            port=port,
         )
         self._active: set[_Turn] = set()
         self._queues: dict[str, tuple[asyncio.Lock, int]] = {}

@@ -1,0 +1,226 @@
+"""The native port of the session store: the two operations a backend may do natively.
+
+Every turn is *acquire + load* (take the lease, return the state and the history chunks
+this process lacks) and *save + release* (write the new chunks and the fenced state). The
+generic :class:`KVSessionPort` does them with KV primitives (get, CAS, create); a backend
+with server-side logic (a Lua script, one SQL statement, a transaction) implements
+:class:`SessionPort` and hands it to :class:`~agent_stores.sessions.SessionStore` from its
+``session_store`` hook::
+
+    @hookimpl
+    def session_store(url, kv, options):
+        if isinstance(kv, MyKV):
+            return SessionStore(kv, port=MySessionPort(kv), **options)
+        return None
+
+The stored layout (:mod:`agent_stores.sessions.records`) and the rules stay the core's:
+the state's KV version is the fencing token, chunks are never modified, a failed
+condition writes nothing. Everything else — waiting, renewal, checkpoints, the recovery
+latch, decoding, caching — stays in the core and runs unchanged over every port.
+
+The port's operations:
+
+``acquire(request) -> AcquireReply``
+    Atomically read ``state`` and the waiting hint ``w``, decide as the generic code does
+    (:func:`decide`), and when the lease is free write :func:`acquired_state` of the
+    stored bytes under a fresh version; return that state and the bytes of every chunk
+    part the state references and the request does not list in ``held_chunks``. Cases a
+    port does not handle natively (an absent session may be created, or not; a recovery
+    marker; chunks due for re-copy before ``refresh_horizon``; a header it cannot read)
+    are answered with ``GENERIC``: the core then runs its KV algorithm for this call.
+``save(request) -> version``
+    Write every chunk part in ``request.chunks`` (create-if-absent) and replace ``state``
+    with ``request.state`` if its version is still ``request.expected_version``; return
+    the new version, or raise :class:`~agent_stores.errors.ConflictError` (nothing of the
+    state written). Chunks may be written before the state (the generic port) or in the
+    same transaction (native ports); never after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from ..kv.base import KVStore
+from .records import FORMAT, STATE_KEY
+
+#: Prefix every state header written by :func:`encode_state` and :func:`acquired_state`
+#: starts with; the fields up to ``,"chunks":`` are the ones an acquire rewrites.
+HEADER_START = b'{"format":"' + FORMAT.encode() + b'","fence":'
+#: The first field an acquire keeps verbatim: everything from here on is copied.
+KEPT_FIELDS = b',"chunks":'
+
+Outcome = Literal["acquired", "busy", "courtesy", "generic"]
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireRequest:
+    """Everything a port needs to take a session's lease in one round trip."""
+
+    scope: str
+    owner: str
+    #: the store's clock now (decides expiry of the lease, the hint and the entries)
+    now: float
+    #: expiry of the new lease
+    lease_end: float
+    #: identifies the store object (``released.by`` in the header, the hint's value)
+    store_id: str
+    #: how long after its own release this store yields to another client's hint
+    courtesy_seconds: float
+    #: TTL of the state record (None: no expiry)
+    ttl_seconds: float | None
+    #: chunks expiring before this instant must be re-copied: answer ``GENERIC``
+    refresh_horizon: float | None
+    #: False: take the lease only, return no chunks
+    load_history: bool
+    #: chunk keys (``h/<id>``) whose bytes this process holds; never send them back
+    held_chunks: frozenset[str]
+
+    def fresh_state(self) -> bytes:
+        """The state to create when the session is absent (a port may answer GENERIC instead)."""
+        return fresh_state(self.owner, self.lease_end, self.now)
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireReply:
+    """What :meth:`SessionPort.acquire` decided."""
+
+    outcome: Outcome
+    #: acquired: the new version of ``state`` and its bytes
+    version: str | None = None
+    state: bytes | None = None
+    #: acquired: chunk part key (``h/<id>/<n>``) -> bytes, for chunks not held
+    parts: Mapping[str, bytes] = field(default_factory=dict)
+    #: busy: the holder's lease expiry and owner; whether a waiting hint exists
+    lease_expires_at: float | None = None
+    holder: str | None = None
+    waiter_hinted: bool = False
+    #: courtesy: seconds until this store may take the session again
+    retry_after: float | None = None
+
+
+#: The reply asking the core to run its generic KV algorithm for this acquire.
+GENERIC = AcquireReply("generic")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkWrite:
+    """A new immutable history chunk: its parts go to ``<key>/0``, ``<key>/1``, …"""
+
+    key: str
+    parts: Sequence[bytes]
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRequest:
+    """A fenced state write together with the chunks it references."""
+
+    scope: str
+    state: bytes
+    expected_version: str
+    ttl_seconds: float | None
+    #: the TTL of the chunk parts (None: no expiry)
+    chunk_ttl_seconds: float | None
+    chunks: Sequence[ChunkWrite]
+
+
+@runtime_checkable
+class SessionPort(Protocol):
+    """The operations of a turn that a backend may implement natively (see the module doc)."""
+
+    async def acquire(self, request: AcquireRequest) -> AcquireReply:
+        """Take the lease and load what the process lacks, or say why not (see the module doc)."""
+        ...
+
+    async def save(self, request: SaveRequest) -> str:
+        """Write ``request.chunks`` and the fenced state; the new version, or ConflictError."""
+        ...
+
+
+class KVSessionPort:
+    """The default port on any KV store: the core's algorithm does the acquire (get + CAS,
+    chunk reads alongside), the save writes chunk parts and then CASes the state."""
+
+    def __init__(self, kv: KVStore) -> None:
+        self.kv = kv
+
+    async def acquire(self, request: AcquireRequest) -> AcquireReply:
+        """Always ``GENERIC``: the core's KV algorithm is this port's acquire."""
+        return GENERIC
+
+    async def save(self, request: SaveRequest) -> str:
+        """Chunk parts first (in parallel), then one CAS on ``state``."""
+        creates = [
+            self.kv.create(request.scope, f"{c.key}/{i}", part, ttl=request.chunk_ttl_seconds)
+            for c in request.chunks
+            for i, part in enumerate(c.parts)
+        ]
+        if creates:
+            await asyncio.gather(*creates)
+        return await self.kv.replace(
+            request.scope,
+            STATE_KEY,
+            request.state,
+            expected_version=request.expected_version,
+            ttl=request.ttl_seconds,
+        )
+
+
+def acquired_state(stored: bytes, *, owner: str, lease_end: float, now: float) -> bytes | None:
+    """The state an acquire writes: ``stored`` with a new lease, ``fence + 1``, ``updated_at``
+    and no ``released``; every other field copied byte for byte.
+
+    Returns None when ``stored`` is not in the layout :func:`encode_state` writes (then
+    the generic path decodes and re-encodes it). Native ports doing the acquire in the
+    server mirror this function exactly (the Redis script does), so the bytes they write
+    are the ones the core would: ``json.dumps`` of a float is its ``repr``.
+    """
+    if not stored.startswith(HEADER_START):
+        return None
+    newline = stored.find(b"\n")
+    kept = stored.find(KEPT_FIELDS, 0, newline)
+    if newline < 0 or kept < 0:
+        return None
+    fence_end = stored.find(b",", len(HEADER_START), kept)
+    try:
+        fence = int(stored[len(HEADER_START) : fence_end])
+    except ValueError:
+        return None
+    return acquired_header(fence + 1, owner, lease_end, now) + stored[kept:]
+
+
+def acquired_header(fence: int, owner: str, lease_end: float, now: float) -> bytes:
+    """The rewritten first fields of an acquired state header (up to ``,"chunks":``)."""
+    return b"".join(
+        (
+            HEADER_START,
+            str(fence).encode(),
+            b',"lease":{"owner":',
+            json.dumps(owner).encode(),
+            b',"fence":',
+            str(fence).encode(),
+            b',"expires_at":',
+            repr(float(lease_end)).encode(),
+            b',"acquired_at":',
+            repr(float(now)).encode(),
+            b'},"updated_at":',
+            repr(float(now)).encode(),
+            b',"released":null',
+        )
+    )
+
+
+def fresh_state(owner: str, lease_end: float, now: float) -> bytes:
+    """The state of a session created by an acquire: fence 1, no history (as ``encode_state``)."""
+    return b"".join(
+        (
+            acquired_header(1, owner, lease_end, now),
+            b',"chunks":[],"tail_count":0,"recovery":null,"created_at":',
+            repr(float(now)).encode(),
+            b"}\n[]",
+        )
+    )
