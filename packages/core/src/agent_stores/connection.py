@@ -11,11 +11,13 @@ in a KV store that never closes the client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from .errors import ConfigError
 from .kv.base import KVStore
 from .lifecycle import AsyncCloseable
+from .options import CheckpointerOptions, MemoryOptions, SessionOptions
 from .plugins import get_registry
 from .selection import UrlLike, open_kv
 from .url import StoreURL
@@ -46,9 +48,11 @@ class StoreConnection(AsyncCloseable):
     # Store constructors take ``(kv, *, owns_kv=False, **options)``: a store that owns its
     # KV closes it in its own ``aclose``; stores from a connection share the connection's.
 
-    def sessions(self, **options: Any) -> SessionStore:
+    def sessions(self, *, owns_kv: bool = False, **options: Unpack[SessionOptions]) -> SessionStore:
         """The session store on this connection (native if the backend offers one)."""
-        native = get_registry().hook.session_store(url=self.url, kv=self.kv, options=options)
+        native = get_registry().hook.session_store(
+            url=self.url, kv=self.kv, options={**options, "owns_kv": owns_kv}
+        )
         if native is not None:
             return cast("SessionStore", native)
         try:
@@ -58,11 +62,13 @@ class StoreConnection(AsyncCloseable):
                 raise _needs_harness("session store", exc) from exc
             raise
 
-        return SessionStore(self.kv, **options)
+        return SessionStore(self.kv, owns_kv=owns_kv, **options)
 
-    def memory(self, **options: Any) -> KVMemoryStore:
+    def memory(self, *, owns_kv: bool = False, **options: Unpack[MemoryOptions]) -> KVMemoryStore:
         """The memory store on this connection (native if the backend offers one)."""
-        native = get_registry().hook.memory_store(url=self.url, kv=self.kv, options=options)
+        native = get_registry().hook.memory_store(
+            url=self.url, kv=self.kv, options={**options, "owns_kv": owns_kv}
+        )
         if native is not None:
             return cast("KVMemoryStore", native)
         try:
@@ -72,11 +78,15 @@ class StoreConnection(AsyncCloseable):
                 raise _needs_harness("memory store", exc) from exc
             raise
 
-        return KVMemoryStore(self.kv, **options)
+        return KVMemoryStore(self.kv, owns_kv=owns_kv, **options)
 
-    def checkpointer(self, **options: Any) -> Checkpointer:
+    def checkpointer(
+        self, *, owns_kv: bool = False, **options: Unpack[CheckpointerOptions]
+    ) -> Checkpointer:
         """The run journal / step store on this connection (native if the backend offers one)."""
-        native = get_registry().hook.checkpointer(url=self.url, kv=self.kv, options=options)
+        native = get_registry().hook.checkpointer(
+            url=self.url, kv=self.kv, options={**options, "owns_kv": owns_kv}
+        )
         if native is not None:
             return cast("Checkpointer", native)
         try:
@@ -86,7 +96,7 @@ class StoreConnection(AsyncCloseable):
                 raise _needs_harness("checkpointer", exc) from exc
             raise
 
-        return Checkpointer(self.kv, **options)
+        return Checkpointer(self.kv, owns_kv=owns_kv, **options)
 
 
 def _needs_harness(feature: str, exc: ImportError) -> ConfigError:
@@ -104,28 +114,46 @@ def connect(url: UrlLike | KVStore | Any | None = None, **kv_options: Any) -> St
     return StoreConnection(url, **kv_options)
 
 
-def open_sessions(url: UrlLike | KVStore | Any | None = None, **options: Any) -> SessionStore:
+def open_sessions(
+    url: UrlLike | KVStore | Any | None = None,
+    *,
+    kv_options: Mapping[str, Any] | None = None,
+    **options: Unpack[SessionOptions],
+) -> SessionStore:
     """A session store on its own connection to ``url``; closing the store closes the connection.
 
     A KV store passed as ``url`` is not closed with the store (its creator closes it).
+    ``kv_options`` go to the backend (for example ``{"busy_timeout_ms": 2000}`` for SQLite).
     """
-    connection = connect(url)
+    connection = connect(url, **(kv_options or {}))
     return connection.sessions(owns_kv=connection.owns_kv, **options)
 
 
-def open_memory(url: UrlLike | KVStore | Any | None = None, **options: Any) -> KVMemoryStore:
+def open_memory(
+    url: UrlLike | KVStore | Any | None = None,
+    *,
+    kv_options: Mapping[str, Any] | None = None,
+    **options: Unpack[MemoryOptions],
+) -> KVMemoryStore:
     """A memory store on its own connection to ``url``; closing the store closes the connection.
 
     A KV store passed as ``url`` is not closed with the store (its creator closes it).
+    ``kv_options`` go to the backend (for example ``{"busy_timeout_ms": 2000}`` for SQLite).
     """
-    connection = connect(url)
+    connection = connect(url, **(kv_options or {}))
     return connection.memory(owns_kv=connection.owns_kv, **options)
 
 
-def open_checkpointer(url: UrlLike | KVStore | Any | None = None, **options: Any) -> Checkpointer:
+def open_checkpointer(
+    url: UrlLike | KVStore | Any | None = None,
+    *,
+    kv_options: Mapping[str, Any] | None = None,
+    **options: Unpack[CheckpointerOptions],
+) -> Checkpointer:
     """A checkpointer on its own connection to ``url``; closing it closes the connection.
 
     A KV store passed as ``url`` is not closed with the checkpointer (its creator closes it).
+    ``kv_options`` go to the backend (for example ``{"busy_timeout_ms": 2000}`` for SQLite).
     """
-    connection = connect(url)
+    connection = connect(url, **(kv_options or {}))
     return connection.checkpointer(owns_kv=connection.owns_kv, **options)

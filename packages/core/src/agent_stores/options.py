@@ -13,8 +13,6 @@ from __future__ import annotations
 import warnings
 from typing import Any, Final, TypedDict
 
-from .errors import ConfigError
-
 
 class _Unset:
     def __repr__(self) -> str:
