@@ -1,1 +1,44 @@
-"""The agent-stores plugin of agent-stores-firestore (entry point in group ``agent_stores``)."""
+"""The agent-stores plugin of agent-stores-firestore (entry point ``firestore`` in group ``agent_stores``).
+
+Importing this module must stay cheap: it never imports google-cloud-firestore. The
+factory is an import string resolved only when a ``firestore://`` URL is opened, and
+:func:`kv_from_client` only looks at a client if the Firestore library is already
+imported (a client object cannot exist otherwise). Sessions, memory and the
+checkpointer use the generic KV-built stores.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from agent_stores.hookspecs import RegisterBackend, hookimpl
+
+if TYPE_CHECKING:
+    from agent_stores.kv.base import KVStore
+
+FACTORY = "agent_stores_firestore.kv:FirestoreKV.from_url"
+
+
+@hookimpl
+def register_backends(register: RegisterBackend) -> None:
+    """Register ``firestore://PROJECT/COLLECTION``."""
+    register(
+        "firestore",
+        FACTORY,
+        description="Google Cloud Firestore (Native mode) via google-cloud-firestore AsyncClient",
+    )
+
+
+@hookimpl
+def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
+    """Wrap a ready ``google.cloud.firestore.AsyncClient`` (the store never closes it).
+
+    A synchronous ``Client`` is refused with a clear error; anything else is not ours.
+    """
+    module = sys.modules.get("google.cloud.firestore_v1")
+    if module is None or not isinstance(client, module.AsyncClient | module.Client):
+        return None
+    from .kv import FirestoreKV
+
+    return FirestoreKV.from_client(client, **options)

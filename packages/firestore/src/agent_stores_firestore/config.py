@@ -1,0 +1,166 @@
+"""Firestore store URLs, parsed into settings without importing google-cloud-firestore.
+
+Form (see ``docs/firestore.md``)::
+
+    firestore://PROJECT/COLLECTION?database=…&prefix=…
+
+``COLLECTION`` is a root collection id (or a collection path ``a/doc/b`` with an odd
+number of segments). Credentials come from Application Default Credentials; the emulator
+is reached through the standard ``FIRESTORE_EMULATOR_HOST`` variable or, for tests, the
+``emulator_host=HOST:PORT`` option. Other options: ``timeout`` (seconds per call),
+``retries`` (transient failures retried per operation) and ``max_value_bytes``. Unknown
+options are an error, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from agent_stores.errors import ConfigError
+from agent_stores.url import StoreURL
+
+from .ids import check_path_segment
+
+SCHEME = "firestore"
+DEFAULT_PREFIX = "agent-stores"
+DEFAULT_DATABASE = "(default)"
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_RETRIES = 4
+#: A Firestore document holds at most 1 MiB (1,048,576 bytes) including its name (up to
+#: 6 KiB) and field names; 16 KiB stay free for those, so a value at the limit always fits.
+HARD_MAX_VALUE_BYTES = (1 << 20) - (16 << 10)
+DEFAULT_MAX_VALUE_BYTES = HARD_MAX_VALUE_BYTES
+
+KNOWN_OPTIONS = frozenset(
+    {"database", "prefix", "emulator_host", "timeout", "retries", "max_value_bytes"}
+)
+
+_PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9\-.:]{0,99}$")
+_DATABASE_RE = re.compile(r"^(\(default\)|[a-z][a-z0-9\-]{0,62})$")
+_HOST_PORT_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):(\d{1,5})$")
+
+
+@dataclass(frozen=True)
+class FirestoreSettings:
+    """Everything needed to build an ``AsyncClient`` and the store, parsed from a URL."""
+
+    url: StoreURL
+    project: str
+    collection: str
+    database: str = DEFAULT_DATABASE
+    prefix: str = DEFAULT_PREFIX
+    emulator_host: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    retries: int = DEFAULT_RETRIES
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+
+    def describe(self) -> str:
+        """The URL with secrets hidden."""
+        return self.url.render()
+
+
+def check_prefix(prefix: str) -> str:
+    """Validate an app namespace: 1-200 characters without NUL."""
+    if not isinstance(prefix, str) or not 1 <= len(prefix) <= 200 or "\x00" in prefix:
+        raise ConfigError(
+            detail=f"prefix {str(prefix)[:80]!r} must be 1-200 characters without NUL"
+        )
+    return prefix
+
+
+def check_collection(collection: str, where: str = "collection") -> str:
+    """Validate a collection path: ``id`` or ``id/doc/id``… (odd number of segments)."""
+    segments = collection.strip("/").split("/") if collection.strip("/") else []
+    if not segments or len(segments) % 2 == 0:
+        raise ConfigError(
+            detail=f"{where}: {collection!r} must be a collection id or a collection path "
+            "with an odd number of segments, e.g. firestore://my-project/agent-stores"
+        )
+    for segment in segments:
+        problem = check_path_segment(segment)
+        if problem:
+            raise ConfigError(detail=f"{where}: collection segment {segment[:80]!r} {problem}")
+    return "/".join(segments)
+
+
+def _number(name: str, raw: str, url: StoreURL, *, integer: bool, minimum: float) -> float:
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number of seconds"
+        raise ConfigError(detail=f"{url}: {name} must be {kind}, got {raw!r}") from None
+    if value < minimum or value != value:  # NaN
+        raise ConfigError(detail=f"{url}: {name} must be >= {minimum}, got {raw!r}")
+    return value
+
+
+def check_emulator_host(text: str, where: str) -> str:
+    """``HOST:PORT`` of an emulator."""
+    match = _HOST_PORT_RE.match(text.strip())
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise ConfigError(detail=f"{where}: emulator_host must be HOST:PORT, got {text!r}")
+    return text.strip()
+
+
+def parse_url(url: StoreURL | str) -> FirestoreSettings:
+    """Parse a Firestore store URL into :class:`FirestoreSettings`; :class:`ConfigError` on anything odd."""
+    url = StoreURL.parse(url)
+    if url.scheme != SCHEME:
+        raise ConfigError(detail=f"{url}: not a Firestore URL (expected firestore://…)")
+    if url.username is not None or url.password is not None or url.port is not None:
+        raise ConfigError(
+            detail=f"{url}: a Firestore URL has no user, password or port "
+            "(credentials come from Application Default Credentials)"
+        )
+    unknown = sorted({k for k, _ in url.query} - KNOWN_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            detail=f"{url}: unknown query option(s) {unknown}; known: {', '.join(sorted(KNOWN_OPTIONS))}"
+        )
+    project = url.host or ""
+    if not _PROJECT_RE.match(project):
+        raise ConfigError(
+            detail=f"{url}: missing or invalid project id; expected firestore://PROJECT/COLLECTION"
+        )
+    collection = check_collection(url.path, str(url))
+    q = url.query_get
+    database = q("database") or DEFAULT_DATABASE
+    if not _DATABASE_RE.match(database):
+        raise ConfigError(
+            detail=f"{url}: database must be (default) or a database id like my-db, got {database!r}"
+        )
+    raw = q("emulator_host")
+    emulator_host = check_emulator_host(raw, str(url)) if raw is not None else None
+    raw = q("timeout")
+    timeout = (
+        DEFAULT_TIMEOUT if raw is None else _number("timeout", raw, url, integer=False, minimum=0.1)
+    )
+    raw = q("retries")
+    retries = (
+        DEFAULT_RETRIES
+        if raw is None
+        else int(_number("retries", raw, url, integer=True, minimum=0))
+    )
+    raw = q("max_value_bytes")
+    max_value = DEFAULT_MAX_VALUE_BYTES
+    if raw is not None:
+        max_value = int(_number("max_value_bytes", raw, url, integer=True, minimum=1024))
+        if max_value > HARD_MAX_VALUE_BYTES:
+            raise ConfigError(
+                detail=f"{url}: max_value_bytes is at most {HARD_MAX_VALUE_BYTES} "
+                "(a Firestore document holds at most 1 MiB, name and fields included)"
+            )
+    raw_prefix = q("prefix")
+    prefix = check_prefix(DEFAULT_PREFIX if raw_prefix is None else raw_prefix)
+    return FirestoreSettings(
+        url=url,
+        project=project,
+        collection=collection,
+        database=database,
+        prefix=prefix,
+        emulator_host=emulator_host,
+        timeout=timeout,
+        retries=retries,
+        max_value_bytes=max_value,
+    )

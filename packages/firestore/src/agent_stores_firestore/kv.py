@@ -1,0 +1,844 @@
+"""``FirestoreKV``: the KV CAS contract on Google Cloud Firestore (``AsyncClient``).
+
+Layout (see ``docs/firestore.md``)::
+
+    COLLECTION/{prefix id}/scopes/{scope id}/entries/{key id}
+
+The scope document is never written: it exists only as the parent of its ``entries``
+subcollection, so a scope's scan is one ordered query and a write costs one document
+write. Ids are encoded by :mod:`agent_stores_firestore.ids` (reversible, byte order kept).
+An entry document holds ``value`` (bytes), ``nonce`` (random per write), and when it
+expires ``expires_at`` (float, the core's clock) and ``gc_at`` (a timestamp for a TTL
+policy, garbage collection only).
+
+Versions are the document's update time, plus its expiry, rendered opaquely. Firestore
+serializes the writes of one document, so its update times strictly increase, across a
+delete and a re-create too; the random ``nonce`` makes every write change the document,
+because Firestore keeps the update time of a write that changes nothing. Every
+conditional write is one server-side precondition: ``create`` (exists=false), an update
+or delete with ``last_update_time``, and ``commit`` one batch with a precondition per
+write. The expiry inside the version lets ``replace``/``delete`` refuse an expired entry
+without reading it: the precondition guarantees the document is the one the version
+describes.
+
+Transient failures are retried here with backoff (the client's own retries are off, so
+this is the one place a write is re-sent). When a reply was lost and the retry reports
+a conflict, the ``nonce`` tells whether the first attempt was applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import functools
+import os
+import random
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from agent_stores.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ConflictError,
+    CorruptRecordError,
+    UnsupportedError,
+    ValueTooLargeError,
+)
+from agent_stores.kv.base import (
+    Check,
+    Clock,
+    Create,
+    Delete,
+    Entry,
+    KVCapabilities,
+    KVLimits,
+    KVStore,
+    Operation,
+    Replace,
+    ScanItem,
+    new_version,
+    prefix_upper_bound,
+)
+from agent_stores.url import StoreURL, redact
+
+from .config import (
+    DEFAULT_MAX_VALUE_BYTES,
+    DEFAULT_PREFIX,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    HARD_MAX_VALUE_BYTES,
+    FirestoreSettings,
+    check_collection,
+    check_prefix,
+    parse_url,
+)
+from .ids import MAX_ID_BYTES, checked_id, decode_id, encode_id
+
+if TYPE_CHECKING:
+    from google.cloud.firestore import (
+        AsyncClient,
+        AsyncCollectionReference,
+        AsyncDocumentReference,
+        AsyncWriteBatch,
+    )
+    from google.cloud.firestore_v1.base_document import DocumentSnapshot as _Snap
+
+    DocumentSnapshot = _Snap[Any]
+
+T = TypeVar("T")
+
+SCOPES = "scopes"
+ENTRIES = "entries"
+F_VALUE = "value"
+F_NONCE = "nonce"
+F_EXPIRES = "expires_at"
+F_GC = "gc_at"
+#: Field a commit's Check clears (it never exists), so the write changes nothing.
+F_CHECK = "check"
+#: The TTL-policy timestamp trails the entry's own expiry by this much: Firestore's TTL
+#: deletion is only garbage collection, and a margin covers clock skew.
+GC_GRACE = dt.timedelta(hours=1)
+#: Firestore's limits: writes per batch, bytes per commit request (10 MiB, kept clear).
+MAX_BATCH_WRITES = 500
+MAX_COMMIT_BYTES = 9 << 20
+DROP_PAGE = 300
+SCOPES_PAGE = 300
+SCOPE_CHECK_CONCURRENCY = 16
+#: How often a write racing with concurrent changes re-reads and tries again.
+MAX_ROUNDS = 16
+
+_EMULATOR_ENV = "FIRESTORE_EMULATOR_HOST"
+_ENV_LOCK = threading.Lock()
+
+
+def _build_client(settings: FirestoreSettings) -> AsyncClient:
+    """An ``AsyncClient`` for ``settings`` (google-cloud-firestore imported only now)."""
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud.firestore import AsyncClient
+
+    try:
+        if settings.emulator_host is None:
+            return AsyncClient(project=settings.project, database=settings.database)
+        # The client reads FIRESTORE_EMULATOR_HOST in its constructor only, and has no
+        # other way to reach a plaintext emulator; set it for that moment, under a lock.
+        with _ENV_LOCK:
+            saved = os.environ.get(_EMULATOR_ENV)
+            os.environ[_EMULATOR_ENV] = settings.emulator_host
+            try:
+                return AsyncClient(project=settings.project, database=settings.database)
+            finally:
+                if saved is None:
+                    del os.environ[_EMULATOR_ENV]
+                else:
+                    os.environ[_EMULATOR_ENV] = saved
+    except DefaultCredentialsError as exc:
+        raise ConfigError(
+            detail=f"{settings.describe()}: no Google credentials found ({type(exc).__name__}); "
+            "set up Application Default Credentials (gcloud auth application-default login, "
+            "GOOGLE_APPLICATION_CREDENTIALS or a service account), or FIRESTORE_EMULATOR_HOST "
+            "for the emulator"
+        ) from None
+
+
+class _Attempt:
+    """Whether an earlier try of a write may have reached the server (a lost reply)."""
+
+    __slots__ = ("ambiguous",)
+
+    def __init__(self) -> None:
+        self.ambiguous = False
+
+
+def _classify(exc: BaseException) -> tuple[bool, bool] | None:
+    """``(retryable, maybe_applied)`` for a failure, or None for an answer the caller reads.
+
+    Conflicts (ALREADY_EXISTS, FAILED_PRECONDITION, NOT_FOUND) are answers, not failures.
+    ABORTED (contention) and RESOURCE_EXHAUSTED were not applied; UNAVAILABLE while
+    connecting never reached the server; a deadline or a broken stream may have lost the
+    reply of a write that ran.
+    """
+    from google.api_core import exceptions as gex
+    from google.auth import exceptions as auth_exc
+
+    if isinstance(exc, gex.AlreadyExists | gex.FailedPrecondition | gex.NotFound):
+        return None
+    if isinstance(exc, gex.Aborted | gex.ResourceExhausted | gex.TooManyRequests):
+        return True, False
+    if isinstance(exc, gex.ServiceUnavailable):
+        text = str(exc).lower()
+        return True, not ("connect" in text or "refused" in text)
+    if isinstance(exc, gex.DeadlineExceeded | gex.InternalServerError | gex.Unknown):
+        return True, True
+    if isinstance(exc, auth_exc.TransportError):
+        return True, False
+    if isinstance(exc, gex.GoogleAPICallError | auth_exc.GoogleAuthError):
+        return False, False
+    if isinstance(exc, OSError | TimeoutError):
+        return True, True
+    return None
+
+
+def _conflict_types() -> tuple[type[Exception], ...]:
+    from google.api_core import exceptions as gex
+
+    return (gex.AlreadyExists, gex.FailedPrecondition, gex.NotFound)
+
+
+def render_version(update_time: Any, expires_at: float | None) -> str:
+    """The opaque version of a document: update time (seconds.nanos) and expiry."""
+    stamp = update_time.timestamp_pb()
+    base = f"{stamp.seconds}.{stamp.nanos:09d}"
+    return base if expires_at is None else f"{base}~{expires_at!r}"
+
+
+def parse_version(version: str) -> tuple[Any, float | None] | None:
+    """``(update time, expires_at)`` from :func:`render_version`; None when it is not one."""
+    from google.protobuf.timestamp_pb2 import Timestamp  # type: ignore[import-untyped]
+    from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
+
+    stamp, _, expiry = version.partition("~")
+    seconds, dot, nanos = stamp.partition(".")
+    if not dot or not seconds.isdigit() or not nanos.isdigit() or len(nanos) != 9:
+        return None
+    try:
+        expires_at = float(expiry) if expiry else None
+        when = DatetimeWithNanoseconds.from_timestamp_pb(
+            Timestamp(seconds=int(seconds), nanos=int(nanos))
+        )
+    except (ValueError, OverflowError):
+        return None
+    return when, expires_at
+
+
+def _gc_at(expires_at: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(expires_at, dt.UTC) + GC_GRACE
+
+
+class FirestoreKV(KVStore):
+    """KV store on a Firestore database (Native mode).
+
+    Build it with :meth:`from_url` (``firestore://PROJECT/COLLECTION?…``) or
+    :meth:`from_client` (a ready ``google.cloud.firestore.AsyncClient``, which the store
+    never closes).
+    """
+
+    backend_name = "firestore"
+    capabilities = KVCapabilities(commit=True, shared_across_processes=True)
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        collection: str,
+        prefix: str = DEFAULT_PREFIX,
+        owns_client: bool = False,
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
+        description: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(clock=clock)
+        if not 1024 <= max_value_bytes <= HARD_MAX_VALUE_BYTES:
+            raise ConfigError(
+                detail=f"max_value_bytes must be between 1024 and {HARD_MAX_VALUE_BYTES}"
+            )
+        self._client = client
+        self._owns_client = owns_client
+        self.collection = check_collection(collection)
+        self.prefix = check_prefix(prefix)
+        self._timeout = float(timeout)
+        self._retries = max(0, int(retries))
+        self.limits = KVLimits(max_value_bytes=max_value_bytes)
+        self._scopes_col: AsyncCollectionReference = (
+            client.collection(self.collection).document(encode_id(prefix)).collection(SCOPES)
+        )
+        self._description = description or (
+            f"firestore://{client.project}/{self.collection}?prefix={prefix} (ready client)"
+        )
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: StoreURL | str, **options: Any) -> FirestoreKV:
+        """Open ``url`` (see :mod:`agent_stores_firestore.config`); option ``clock`` only."""
+        settings = parse_url(url)
+        clock = _pop_clock(options)
+        client = _build_client(settings)
+        return cls(
+            client,
+            collection=settings.collection,
+            prefix=settings.prefix,
+            owns_client=True,
+            max_value_bytes=settings.max_value_bytes,
+            timeout=settings.timeout,
+            retries=settings.retries,
+            description=settings.describe(),
+            clock=clock,
+        )
+
+    @classmethod
+    def from_client(cls, client: Any, **options: Any) -> FirestoreKV:
+        """Wrap a ready ``google.cloud.firestore.AsyncClient``; the store never closes it.
+
+        Options: ``collection`` (default ``agent-stores``), ``prefix``, ``max_value_bytes``,
+        ``timeout``, ``retries``, ``clock``.
+        """
+        from google.cloud.firestore import AsyncClient, Client
+
+        if isinstance(client, Client):
+            raise ConfigError(
+                detail="agent-stores needs an asyncio client: pass a "
+                "google.cloud.firestore.AsyncClient, not the synchronous Client"
+            )
+        if not isinstance(client, AsyncClient):
+            raise ConfigError(
+                detail=f"expected a google.cloud.firestore.AsyncClient, got {type(client).__name__}"
+            )
+        options = dict(options)
+        collection = str(options.pop("collection", "agent-stores"))
+        prefix = str(options.pop("prefix", DEFAULT_PREFIX))
+        max_value = int(options.pop("max_value_bytes", DEFAULT_MAX_VALUE_BYTES))
+        timeout = float(options.pop("timeout", DEFAULT_TIMEOUT))
+        retries = int(options.pop("retries", DEFAULT_RETRIES))
+        clock = _pop_clock(options)
+        return cls(
+            client,
+            collection=collection,
+            prefix=prefix,
+            owns_client=False,
+            max_value_bytes=max_value,
+            timeout=timeout,
+            retries=retries,
+            clock=clock,
+        )
+
+    def describe(self) -> str:
+        return self._description
+
+    @property
+    def client(self) -> AsyncClient:
+        """The Firestore client (shared, not owned, when it was passed in)."""
+        return self._client
+
+    async def _aclose(self) -> None:
+        if not self._owns_client:
+            return
+        # AsyncClient has no public close; its gRPC channel lives on the transport it
+        # creates on first use (none exists when the store never made a call).
+        transport = getattr(self._client, "_transport", None)
+        if transport is not None:
+            await transport.close()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _unavailable(self, exc: BaseException) -> BackendUnavailableError:
+        reason = redact(str(exc).splitlines()[0] if str(exc) else "") or type(exc).__name__
+        return BackendUnavailableError(
+            detail=f"{self.describe()}: {type(exc).__name__}: {reason[:300]}"
+        )
+
+    def _outcome_unknown(self, what: str, scope: str, key: str) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            detail=f"{self.describe()}: the reply to a {what} of {key[:80]!r} in scope "
+            f"{scope[:80]!r} was lost and a retry found the entry changed; the write may or "
+            "may not have been applied (read it back)"
+        )
+
+    async def _run(self, call: Callable[[], Awaitable[T]], attempt: _Attempt | None = None) -> T:
+        """Run ``call`` with retries of transient failures; conflicts pass through."""
+        tries = 0
+        while True:
+            try:
+                return await call()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                kind = _classify(exc)
+                if kind is None:
+                    raise
+                retryable, maybe_applied = kind
+                if not retryable or tries >= self._retries:
+                    raise self._unavailable(exc) from exc
+                if attempt is not None and maybe_applied:
+                    attempt.ambiguous = True
+            await asyncio.sleep(min(1.0, 0.05 * 2**tries) * random.uniform(0.5, 1.0))
+            tries += 1
+
+    def _scope_doc(self, scope: str) -> AsyncDocumentReference:
+        return self._scopes_col.document(checked_id("scope", scope))
+
+    def _entries(self, scope: str) -> AsyncCollectionReference:
+        entries: AsyncCollectionReference = self._scope_doc(scope).collection(ENTRIES)
+        return entries
+
+    def _ref(self, scope: str, key: str) -> AsyncDocumentReference:
+        return self._entries(scope).document(checked_id("key", key))
+
+    def _entry(self, snap: DocumentSnapshot) -> Entry | None:
+        if not snap.exists:
+            return None
+        data = snap.to_dict() or {}
+        value = data.get(F_VALUE)
+        expires = data.get(F_EXPIRES)
+        if not isinstance(value, bytes) or not isinstance(expires, float | int | None):
+            raise CorruptRecordError(
+                detail=f"{self.describe()}: document {snap.reference.path[:200]!r} is not an "
+                "agent-stores entry (value must be bytes)"
+            )
+        expires_at = None if expires is None else float(expires)
+        return Entry(value, render_version(snap.update_time, expires_at), expires_at)
+
+    @staticmethod
+    def _nonce(snap: DocumentSnapshot) -> str | None:
+        if not snap.exists:
+            return None
+        nonce = (snap.to_dict() or {}).get(F_NONCE)
+        return nonce if isinstance(nonce, str) else None
+
+    @staticmethod
+    def _create_data(value: bytes, expires_at: float | None, nonce: str) -> dict[str, Any]:
+        data: dict[str, Any] = {F_VALUE: bytes(value), F_NONCE: nonce}
+        if expires_at is not None:
+            data[F_EXPIRES] = float(expires_at)
+            data[F_GC] = _gc_at(expires_at)
+        return data
+
+    @staticmethod
+    def _update_data(value: bytes, expires_at: float | None, nonce: str) -> dict[str, Any]:
+        """Every field of an entry, so an update replaces the whole document."""
+        from google.cloud.firestore import DELETE_FIELD
+
+        data: dict[str, Any] = {F_VALUE: bytes(value), F_NONCE: nonce}
+        data[F_EXPIRES] = DELETE_FIELD if expires_at is None else float(expires_at)
+        data[F_GC] = DELETE_FIELD if expires_at is None else _gc_at(expires_at)
+        return data
+
+    def _at(self, update_time: Any) -> Any:
+        return self._client.write_option(last_update_time=update_time)
+
+    async def _read(self, ref: AsyncDocumentReference) -> DocumentSnapshot:
+        return await self._run(lambda: ref.get(retry=None, timeout=self._timeout))
+
+    # -- primitives -------------------------------------------------------------------------
+
+    async def _get(self, scope: str, key: str) -> Entry | None:
+        return self._entry(await self._read(self._ref(scope, key)))
+
+    async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
+        by_id = {checked_id("key", k): k for k in keys}
+        entries = self._entries(scope)
+        refs = [entries.document(doc_id) for doc_id in by_id]
+
+        async def fetch() -> list[DocumentSnapshot]:
+            return [
+                snap async for snap in self._client.get_all(refs, retry=None, timeout=self._timeout)
+            ]
+
+        out: dict[str, Entry] = {}
+        for snap in await self._run(fetch):
+            entry = self._entry(snap)
+            if entry is not None and snap.id in by_id:
+                out[by_id[snap.id]] = entry
+        return out
+
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
+        ref = self._ref(scope, key)
+        nonce = new_version()
+        conflicts = _conflict_types()
+        for _ in range(MAX_ROUNDS):
+            attempt = _Attempt()
+            try:
+                result = await self._run(
+                    lambda: ref.create(
+                        self._create_data(value, expires_at, nonce),
+                        retry=None,
+                        timeout=self._timeout,
+                    ),
+                    attempt,
+                )
+                return render_version(result.update_time, expires_at)
+            except conflicts:
+                pass
+            snap = await self._read(ref)
+            if self._nonce(snap) == nonce:  # our own create, its reply lost
+                return render_version(snap.update_time, expires_at)
+            current = self._entry(snap)
+            if current is None:
+                continue  # deleted in between: create again
+            if not current.expired(now):
+                raise ConflictError("key exists", scope=scope, key=key)
+            # Replace the expired document only as it was read: a concurrent writer wins.
+            pinned = self._at(snap.update_time)
+            attempt = _Attempt()
+            try:
+                result = await self._run(
+                    functools.partial(
+                        ref.update,
+                        self._update_data(value, expires_at, nonce),
+                        option=pinned,
+                        retry=None,
+                        timeout=self._timeout,
+                    ),
+                    attempt,
+                )
+                return render_version(result.update_time, expires_at)
+            except conflicts:
+                continue
+        raise ConflictError("key kept changing during create", scope=scope, key=key)
+
+    async def _replace(
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
+    ) -> str:
+        ref = self._ref(scope, key)
+        parsed = parse_version(expected_version)
+        if parsed is None or (parsed[1] is not None and parsed[1] <= now):
+            raise ConflictError("version mismatch", scope=scope, key=key)
+        nonce = new_version()
+        attempt = _Attempt()
+        try:
+            result = await self._run(
+                lambda: ref.update(
+                    self._update_data(value, expires_at, nonce),
+                    option=self._at(parsed[0]),
+                    retry=None,
+                    timeout=self._timeout,
+                ),
+                attempt,
+            )
+        except _conflict_types():
+            if attempt.ambiguous:
+                snap = await self._read(ref)
+                if self._nonce(snap) == nonce:
+                    return render_version(snap.update_time, expires_at)
+            raise ConflictError("version mismatch", scope=scope, key=key) from None
+        return render_version(result.update_time, expires_at)
+
+    async def _delete_at(self, scope: str, key: str, ref: Any, update_time: Any) -> bool:
+        """Delete ``ref`` if still at ``update_time``; True if it happened."""
+        attempt = _Attempt()
+        try:
+            await self._run(
+                lambda: ref.delete(option=self._at(update_time), retry=None, timeout=self._timeout),
+                attempt,
+            )
+        except _conflict_types():
+            if attempt.ambiguous:
+                raise self._outcome_unknown("delete", scope, key) from None
+            return False
+        return True
+
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        ref = self._ref(scope, key)
+        if expected_version is not None:
+            parsed = parse_version(expected_version)
+            if parsed is None:
+                return False
+            if parsed[1] is not None and parsed[1] <= now:
+                # Expired: counts as absent; remove it only if it is still that document.
+                await self._delete_at(scope, key, ref, parsed[0])
+                return False
+            return await self._delete_at(scope, key, ref, parsed[0])
+        for _ in range(MAX_ROUNDS):
+            snap = await self._read(ref)
+            current = self._entry(snap)
+            if current is None:
+                return False
+            if current.expired(now):
+                await self._delete_at(scope, key, ref, snap.update_time)
+                return False
+            if await self._delete_at(scope, key, ref, snap.update_time):
+                return True
+        raise ConflictError("key kept changing during delete", scope=scope, key=key)
+
+    async def _scan(
+        self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
+    ) -> list[ScanItem]:
+        from google.cloud.firestore_v1.base_query import FieldFilter
+
+        entries = self._entries(scope)
+        low = encode_id(prefix)
+        if len(low.encode("utf-8")) > MAX_ID_BYTES:
+            return []  # no stored key is that long
+        upper = prefix_upper_bound(prefix)
+        high = None if upper is None else encode_id(upper)
+        if high is not None and len(high.encode("utf-8")) > MAX_ID_BYTES:
+            high = None  # every stored id is below it; the prefix check below filters
+        # Ids sort like keys (see ids.py), so the cursor is the last id seen; the query's
+        # bound is inclusive (a clipped over-long id is still a lower bound) and ids at or
+        # below the cursor are skipped here.
+        floor: str | None = None
+        if start_after is not None and start_after >= prefix:
+            floor = encode_id(start_after)
+        items: list[ScanItem] = []
+        while True:
+            bound = low if floor is None else _clip_id(floor)
+            query = entries.order_by("__name__").where(
+                filter=FieldFilter("__name__", ">=", entries.document(bound))
+            )
+            if high is not None:
+                query = query.where(filter=FieldFilter("__name__", "<", entries.document(high)))
+            if not values:
+                query = query.select([F_EXPIRES])
+            page_size = limit - len(items) + 1  # one extra: the bound is inclusive
+            page = query.limit(page_size)
+
+            async def fetch(page: Any = page) -> list[DocumentSnapshot]:
+                return [snap async for snap in page.stream(retry=None, timeout=self._timeout)]
+
+            snaps = await self._run(fetch)
+            for snap in snaps:
+                if floor is not None and snap.id <= floor:
+                    continue
+                try:
+                    key = decode_id(snap.id)
+                except ValueError:
+                    continue  # not ours (written by someone else into this collection)
+                if not key.startswith(prefix):
+                    continue
+                if values:
+                    entry = self._entry(snap)
+                    if entry is None or entry.expired(now):
+                        continue
+                    items.append(ScanItem(key, entry))
+                else:
+                    expires = (snap.to_dict() or {}).get(F_EXPIRES)
+                    if isinstance(expires, float | int) and expires <= now:
+                        continue
+                    items.append(ScanItem(key, None))
+                if len(items) >= limit:
+                    return items
+            if len(snaps) < page_size or (floor is not None and snaps[-1].id <= floor):
+                return items
+            floor = snaps[-1].id
+
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
+        async def collect() -> list[str]:
+            found: list[str] = []
+            async for ref in self._scopes_col.list_documents(
+                page_size=SCOPES_PAGE, retry=None, timeout=self._timeout
+            ):
+                try:
+                    scope = decode_id(ref.id)
+                except ValueError:
+                    continue
+                if scope.startswith(prefix) and (start_after is None or scope > start_after):
+                    found.append(scope)
+            return found
+
+        # Python orders str by code point, which is UTF-8 byte order. A listed scope may
+        # hold only expired entries: one small query per candidate checks it is live.
+        ordered = sorted(await self._run(collect))
+        found: list[str] = []
+        for start in range(0, len(ordered), SCOPE_CHECK_CONCURRENCY):
+            chunk = ordered[start : start + SCOPE_CHECK_CONCURRENCY]
+            live = await asyncio.gather(*(self._scan(s, "", None, 1, False, now) for s in chunk))
+            for scope, items in zip(chunk, live, strict=True):
+                if items:
+                    found.append(scope)
+                    if len(found) >= limit:
+                        return found
+        return found
+
+    async def _drop_scope(self, scope: str) -> int:
+        entries = self._entries(scope)
+        total = 0
+        while True:
+            page = entries.order_by("__name__").select([F_EXPIRES]).limit(DROP_PAGE)
+
+            async def fetch(page: Any = page) -> list[DocumentSnapshot]:
+                return [snap async for snap in page.stream(retry=None, timeout=self._timeout)]
+
+            snaps = await self._run(fetch)
+            if not snaps:
+                return total
+            batch = self._client.batch()
+            for snap in snaps:
+                batch.delete(snap.reference)
+            # Unconditional deletes: repeating them after a lost reply is harmless.
+            await self._run(functools.partial(batch.commit, retry=None, timeout=self._timeout))
+            total += len(snaps)
+
+    # -- commit -----------------------------------------------------------------------------
+
+    async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        if len(ops) > MAX_BATCH_WRITES:
+            raise UnsupportedError(
+                detail=f"firestore commits at most {MAX_BATCH_WRITES} operations at once"
+            )
+        size = sum(len(op.value) for op in ops if isinstance(op, Create | Replace))
+        if size > MAX_COMMIT_BYTES:
+            raise ValueTooLargeError(
+                f"commit of {len(ops)} operations carries {size} bytes; a Firestore commit "
+                f"holds at most {MAX_COMMIT_BYTES} bytes of values",
+                size=size,
+                limit=MAX_COMMIT_BYTES,
+            )
+        refs = [self._ref(scope, op.key) for op in ops]
+        nonce = new_version()
+        conflicts = _conflict_types()
+        # First try: preconditions straight from the operations (one round trip). When it
+        # fails, read the documents, decide each operation on what is stored (expired
+        # documents count as absent) and pin every one to that state.
+        state: list[DocumentSnapshot] | None = None
+        for _ in range(MAX_ROUNDS):
+            batch, expiries = self._build_batch(scope, ops, refs, nonce, now, state)
+            attempt = _Attempt()
+            try:
+                results = await self._run(
+                    functools.partial(batch.commit, retry=None, timeout=self._timeout), attempt
+                )
+            except conflicts:
+                if attempt.ambiguous:
+                    applied = await self._applied(scope, ops, refs, nonce, expiries)
+                    if applied is not None:
+                        return applied
+                state = await self._read_all(refs)
+                continue
+            return [
+                render_version(result.update_time, expiries[i])
+                if isinstance(ops[i], Create | Replace)
+                else None
+                for i, result in enumerate(results)
+            ]
+        raise ConflictError("keys kept changing during commit", scope=scope)
+
+    async def _read_all(self, refs: list[AsyncDocumentReference]) -> list[DocumentSnapshot]:
+        async def fetch() -> list[DocumentSnapshot]:
+            return [
+                snap async for snap in self._client.get_all(refs, retry=None, timeout=self._timeout)
+            ]
+
+        by_path = {snap.reference.path: snap for snap in await self._run(fetch)}
+        return [by_path[ref.path] for ref in refs]
+
+    async def _applied(
+        self,
+        scope: str,
+        ops: list[Operation],
+        refs: list[AsyncDocumentReference],
+        nonce: str,
+        expiries: list[float | None],
+    ) -> list[str | None] | None:
+        """Versions if a commit whose reply was lost was applied (its nonce is stored)."""
+        writes = [i for i, op in enumerate(ops) if isinstance(op, Create | Replace)]
+        if not writes:
+            raise self._outcome_unknown("commit", scope, ops[0].key)
+        snaps = await self._read_all([refs[i] for i in writes])
+        if all(self._nonce(snap) == nonce for snap in snaps):
+            out: list[str | None] = [None] * len(ops)
+            for i, snap in zip(writes, snaps, strict=True):
+                out[i] = render_version(snap.update_time, expiries[i])
+            return out
+        return None
+
+    def _build_batch(
+        self,
+        scope: str,
+        ops: list[Operation],
+        refs: list[AsyncDocumentReference],
+        nonce: str,
+        now: float,
+        state: list[DocumentSnapshot] | None,
+    ) -> tuple[AsyncWriteBatch, list[float | None]]:
+        from google.cloud.firestore import DELETE_FIELD
+
+        batch = self._client.batch()
+        expiries: list[float | None] = []
+        absent = self._client.write_option(exists=False)
+
+        def conflict(index: int, why: str) -> ConflictError:
+            op = ops[index]
+            return ConflictError(
+                f"operation {index} ({type(op).__name__}) failed: {why}",
+                scope=scope,
+                key=op.key,
+                index=index,
+            )
+
+        for i, (op, ref) in enumerate(zip(ops, refs, strict=True)):
+            expires_at = self._expires_at(op.ttl, now) if isinstance(op, Create | Replace) else None
+            expiries.append(expires_at)
+            if state is None:
+                expected = op.expected_version if not isinstance(op, Create) else None
+                pinned = None
+                if expected is not None:
+                    parsed = parse_version(expected)
+                    if parsed is None or (parsed[1] is not None and parsed[1] <= now):
+                        raise conflict(i, "version mismatch")
+                    pinned = self._at(parsed[0])
+                if isinstance(op, Create):
+                    batch.create(ref, self._create_data(op.value, expires_at, nonce))
+                elif isinstance(op, Replace):
+                    batch.update(ref, self._update_data(op.value, expires_at, nonce), option=pinned)
+                elif isinstance(op, Delete):
+                    batch.delete(ref, option=pinned)
+                elif pinned is not None:
+                    batch.update(ref, {F_CHECK: DELETE_FIELD}, option=pinned)
+                else:
+                    batch.delete(ref, option=absent)
+                continue
+            snap = state[i]
+            current = self._entry(snap)
+            live = current if current is not None and not current.expired(now) else None
+            stored = self._at(snap.update_time) if current is not None else absent
+            if isinstance(op, Create):
+                if live is not None:
+                    raise conflict(i, "key exists")
+                if current is None:
+                    batch.create(ref, self._create_data(op.value, expires_at, nonce))
+                else:
+                    batch.update(ref, self._update_data(op.value, expires_at, nonce), option=stored)
+                continue
+            expected = op.expected_version
+            if expected is not None and (live is None or live.version != expected):
+                raise conflict(i, "version mismatch")
+            if expected is None and isinstance(op, Check) and live is not None:
+                raise conflict(i, "key exists")
+            if isinstance(op, Replace):
+                batch.update(ref, self._update_data(op.value, expires_at, nonce), option=stored)
+            elif isinstance(op, Delete):
+                batch.delete(ref, option=stored)
+            elif current is not None:
+                batch.update(ref, {F_CHECK: DELETE_FIELD}, option=stored)
+            else:
+                batch.delete(ref, option=absent)
+        return batch, expiries
+
+    # -- admin --------------------------------------------------------------------------------
+
+    async def iter_documents(self, scope: str) -> AsyncIterator[str]:
+        """Raw document ids of a scope (for diagnostics and tests)."""
+        async for ref in self._entries(scope).list_documents(retry=None, timeout=self._timeout):
+            yield ref.id
+
+
+def _clip_id(doc_id: str) -> str:
+    """``doc_id`` cut to Firestore's id limit at a character boundary (a lower bound still)."""
+    raw = doc_id.encode("utf-8")
+    if len(raw) <= MAX_ID_BYTES:
+        return doc_id
+    return raw[:MAX_ID_BYTES].decode("utf-8", "ignore")
+
+
+def _pop_clock(options: dict[str, Any]) -> Clock | None:
+    clock: Any = options.pop("clock", None)
+    if options:
+        raise ConfigError(detail=f"unknown option(s) for the firestore backend: {sorted(options)}")
+    if clock is not None and not callable(clock):
+        raise ConfigError(detail="clock must be a callable returning unix seconds")
+    return cast("Clock | None", clock)
+
+
+__all__ = ["FirestoreKV", "parse_version", "render_version"]
