@@ -37,3 +37,15 @@ def url_argument() -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def resolve_url(url: str | None) -> str:
     """The URL given, or the default one."""
     return url or default_url()
+
+
+def scope_prefix_option(
+    default: str, store: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--scope-prefix``: the one isolation flag every store's command group takes."""
+    return click.option(
+        "--scope-prefix",
+        default=default,
+        show_default=True,
+        help=f"The scope_prefix the {store} was opened with.",
+    )

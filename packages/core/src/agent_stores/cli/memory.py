@@ -9,7 +9,7 @@ import click
 
 from ..connection import open_memory
 from ..url import StoreURL
-from .common import run_async
+from .common import run_async, scope_prefix_option
 
 if TYPE_CHECKING:
     from ..memory import KVMemoryStore
@@ -21,12 +21,7 @@ _DEFAULT_PREFIX = "memory:"
 
 @click.group()
 @click.argument("url", metavar="URL")
-@click.option(
-    "--scope-prefix",
-    default=_DEFAULT_PREFIX,
-    show_default=True,
-    help="The scope prefix the memory store was opened with.",
-)
+@scope_prefix_option(_DEFAULT_PREFIX, "memory store")
 @click.pass_context
 def memory(ctx: click.Context, url: str, scope_prefix: str) -> None:
     """Browse and edit the memory files kept at URL (paths look like NAMESPACE/AGENT/MEMORY.md)."""

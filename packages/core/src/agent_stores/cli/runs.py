@@ -11,7 +11,7 @@ import click
 
 from ..connection import open_checkpointer
 from ..url import StoreURL
-from .common import run_async
+from .common import run_async, scope_prefix_option
 
 if TYPE_CHECKING:
     from ..checkpointer import Checkpointer
@@ -21,22 +21,26 @@ T = TypeVar("T")
 
 @click.group()
 @click.argument("url", metavar="URL")
+@scope_prefix_option("cp/", "checkpointer")
 @click.option(
     "--namespace",
-    default="cp",
-    show_default=True,
-    help="The namespace the checkpointer was opened with.",
+    default=None,
+    hidden=True,
+    help="Deprecated: --scope-prefix NAMESPACE/ (the checkpointer's old option).",
 )
 @click.pass_context
-def runs(ctx: click.Context, url: str, namespace: str) -> None:
+def runs(ctx: click.Context, url: str, scope_prefix: str, namespace: str | None) -> None:
     """List, show and delete the runs checkpointed at URL (journals and step-persistence runs)."""
-    ctx.obj = (url, namespace)
+    if namespace is not None:
+        click.echo(f"--namespace is deprecated; use --scope-prefix {namespace}/", err=True)
+        scope_prefix = f"{namespace}/"
+    ctx.obj = (url, scope_prefix)
 
 
 async def _with_checkpointer(ctx: click.Context, body: Callable[[Checkpointer], Awaitable[T]]) -> T:
-    url, namespace = ctx.obj
+    url, scope_prefix = ctx.obj
     try:
-        async with open_checkpointer(url, namespace=namespace) as checkpointer:
+        async with open_checkpointer(url, scope_prefix=scope_prefix) as checkpointer:
             return await body(checkpointer)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None

@@ -10,13 +10,19 @@ import click
 
 from ..sessions import SessionInfo, SessionStore
 from ..url import StoreURL
-from .common import run_async
+from .common import run_async, scope_prefix_option
+
+DEFAULT_SCOPE_PREFIX = "session:"
+
+#: (URL, scope prefix) given to the ``sessions`` group.
+Target = tuple[str, str]
 
 
-def _open(url: str) -> SessionStore:
+def _open(target: Target) -> SessionStore:
     from ..connection import open_sessions
 
-    return open_sessions(url)
+    url, scope_prefix = target
+    return open_sessions(url, scope_prefix=scope_prefix)
 
 
 def _when(ts: float | None) -> str:
@@ -51,10 +57,11 @@ def _as_dict(info: SessionInfo) -> dict[str, Any]:
 
 @click.group()
 @click.argument("url", metavar="URL")
+@scope_prefix_option(DEFAULT_SCOPE_PREFIX, "session store")
 @click.pass_context
-def sessions(ctx: click.Context, url: str) -> None:
+def sessions(ctx: click.Context, url: str, scope_prefix: str) -> None:
     """Inspect and repair the sessions stored at URL."""
-    ctx.obj = url
+    ctx.obj = (url, scope_prefix)
 
 
 @sessions.command("list")
@@ -66,10 +73,10 @@ def sessions(ctx: click.Context, url: str) -> None:
 @click.pass_obj
 @run_async
 async def list_sessions(
-    url: str, prefix: str, latched: bool, limit: int, after: str | None, as_json: bool
+    target: Target, prefix: str, latched: bool, limit: int, after: str | None, as_json: bool
 ) -> None:
     """List sessions (latched ones included, marked RECOVERY)."""
-    async with _open(url) as store:
+    async with _open(target) as store:
         found = await store.list_sessions(
             prefix, start_after=after, limit=limit, latched_only=latched
         )
@@ -79,7 +86,7 @@ async def list_sessions(
             click.echo(json.dumps(_as_dict(info)))
         return
     if not found:
-        click.echo(f"no sessions in {StoreURL.parse(url).render()}")
+        click.echo(f"no sessions in {StoreURL.parse(target[0]).render()}")
         return
     for info in found:
         if info.problem:
@@ -100,9 +107,9 @@ async def list_sessions(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 @run_async
-async def show(url: str, session_id: str, show_messages: bool, as_json: bool) -> None:
+async def show(target: Target, session_id: str, show_messages: bool, as_json: bool) -> None:
     """Show one session: history size, lease, pending effect calls."""
-    async with _open(url) as store:
+    async with _open(target) as store:
         info = await store.inspect(session_id)
         if info is None:
             raise click.ClickException(f"no session {session_id!r}")
@@ -174,9 +181,9 @@ def _describe(messages: list[Any]) -> list[str]:
 @click.argument("session_id")
 @click.pass_obj
 @run_async
-async def reset(url: str, session_id: str) -> None:
+async def reset(target: Target, session_id: str) -> None:
     """Delete a session's history and recovery marker (waits for an active turn)."""
-    async with _open(url) as store:
+    async with _open(target) as store:
         existed = await store.reset(session_id)
     click.echo(
         f"reset {session_id}" if existed else f"no session {session_id!r} (nothing to reset)"
@@ -187,9 +194,9 @@ async def reset(url: str, session_id: str) -> None:
 @click.argument("session_id")
 @click.pass_obj
 @run_async
-async def clear_recovery(url: str, session_id: str) -> None:
+async def clear_recovery(target: Target, session_id: str) -> None:
     """Clear the recovery marker of a session, keeping its history."""
-    async with _open(url) as store:
+    async with _open(target) as store:
         info = await store.inspect(session_id)
         cleared = await store.clear_recovery(session_id)
     if cleared and info is not None:
