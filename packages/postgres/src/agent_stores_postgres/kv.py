@@ -419,6 +419,11 @@ class PostgresKV(KVStore):
 
     # -- administration -------------------------------------------------------------------
 
+    @property
+    def auto_setup(self) -> bool:
+        """``?auto_setup=`` (default true): create the schema on first use and on entering a store."""
+        return self.config.auto_setup
+
     async def setup(self) -> None:
         """Create or upgrade the schema now (idempotent, safe to run concurrently)."""
         self._check_open()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Self
 from .. import telemetry
 from ..errors import CorruptRecordError
 from ..kv.base import KVStore
-from ..lifecycle import AsyncCloseable
+from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from .codec import decode_record
 from .space import DEFAULT_SCOPE_PREFIX, RunSpace, bounded_gather, scope_prefix_option
@@ -36,7 +36,7 @@ def journal_key(event: JournalEvent) -> str:
     return f"{JOURNAL_LOG}/{event.step_id}/{event.phase.value}"
 
 
-class Checkpointer(AsyncCloseable):
+class Checkpointer(KVBackedStore):
     """A durable run journal (and, through :meth:`step_store`, a harness ``StepStore``).
 
     ``Checkpointer(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=None)``. Use it as
@@ -73,10 +73,6 @@ class Checkpointer(AsyncCloseable):
         return f"<Checkpointer {self.kv.describe()} scope_prefix={self.space.scope_prefix!r}>"
 
     # -- lifecycle ------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        await self.setup()
-        return self
 
     async def setup(self) -> None:
         """Create the backend's tables or schema if it needs them. Idempotent."""

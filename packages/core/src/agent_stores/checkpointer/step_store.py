@@ -37,7 +37,7 @@ from .. import telemetry
 from ..damage import ProblemLog
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import KVStore
-from ..lifecycle import AsyncCloseable
+from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from .codec import canonical, decode_record, digest
 from .errors import RunExistsError
@@ -207,7 +207,7 @@ def retained_seqs(live: list[tuple[int, str, str]], keep: int) -> set[int]:
     return retained
 
 
-class KVStepStore(AsyncCloseable):
+class KVStepStore(KVBackedStore):
     """The harness ``StepStore`` (every method) on any agent-stores backend.
 
     ``KVStepStore(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=None,
@@ -250,10 +250,6 @@ class KVStepStore(AsyncCloseable):
 
     def __repr__(self) -> str:
         return f"<KVStepStore {self.kv.describe()} scope_prefix={self.space.scope_prefix!r}>"
-
-    async def __aenter__(self) -> Self:
-        await self.kv.setup()
-        return self
 
     async def aclose(self) -> None:
         """Close the KV store when this store owns it."""

@@ -26,7 +26,7 @@ from ..errors import (
     ValueTooLargeError,
 )
 from ..kv.base import Entry, KVStore, new_version
-from ..lifecycle import AsyncCloseable
+from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from ._harness import (
     MemoryConflictError,
@@ -94,7 +94,7 @@ class _Staged:
     metadata_written: bool = False
 
 
-class KVMemoryStore(AsyncCloseable):
+class KVMemoryStore(KVBackedStore):
     """A ``pydantic_ai_harness.memory`` store on a :class:`~agent_stores.kv.KVStore`.
 
     Satisfies ``MemoryStore``, ``SearchableMemoryStore`` and ``MetadataMemoryStore``, so

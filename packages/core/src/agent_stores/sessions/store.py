@@ -17,7 +17,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
 from .. import telemetry
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore
-from ..lifecycle import AsyncCloseable
+from ..lifecycle import KVBackedStore
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -311,7 +311,7 @@ class _Turn:
         self._fail(error)
 
 
-class SessionStore(AsyncCloseable):
+class SessionStore(KVBackedStore):
     """One active turn per session, on any KV backend; the generic implementation.
 
     ``SessionStore(kv, *, owns_kv=False, ttl_seconds=86_400, lease_seconds=30, ...)``.
