@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
+
+if TYPE_CHECKING:
+    from .kv.base import KVStore
 
 
 class AsyncCloseable:
@@ -27,3 +30,18 @@ class AsyncCloseable:
     async def aclose(self) -> None:
         """Release what the object holds. Idempotent."""
         raise NotImplementedError
+
+
+class KVBackedStore(AsyncCloseable):
+    """Base of the session store, the memory store and the checkpointer.
+
+    Entering any of them prepares its KV store the same way (:meth:`KVStore.prepare
+    <agent_stores.kv.base.KVStore.prepare>`): the schema or table is created only where the
+    backend's ``auto_setup`` allows it, so ``?auto_setup=false`` means the same for all three.
+    """
+
+    kv: KVStore
+
+    async def __aenter__(self) -> Self:
+        await self.kv.prepare()
+        return self

@@ -23,7 +23,7 @@ import logging
 import uuid
 from datetime import datetime
 from functools import partial
-from typing import Any, Self
+from typing import Any
 
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from pydantic_ai_harness.step_persistence import (

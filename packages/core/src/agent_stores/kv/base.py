@@ -168,6 +168,26 @@ class KVStore(AsyncCloseable, ABC):
     async def setup(self) -> None:
         """Create tables, indexes or schema if the backend needs them. Idempotent."""
 
+    @property
+    def auto_setup(self) -> bool:
+        """May a store create the backend's schema on its own (see :meth:`prepare`)?
+
+        True where setup is cheap and implicit (embedded files, schemaless servers, the
+        PostgreSQL default); backends whose setup creates billable resources (a DynamoDB
+        table, a Cosmos container) return False unless the URL asks for it.
+        """
+        return True
+
+    async def prepare(self) -> None:
+        """Make the store ready for the stores built on it: :meth:`setup` if :attr:`auto_setup`.
+
+        Entering a session store, memory store or checkpointer calls this, so the three
+        behave the same. With ``auto_setup`` off nothing is created; an operation on a
+        missing schema then fails with a typed error naming ``agent-stores setup URL``.
+        """
+        if self.auto_setup:
+            await self.setup()
+
     async def purge_expired(self) -> int:
         """Physically delete expired entries where the backend cannot do it natively.
 
