@@ -243,7 +243,7 @@ def bench(session: nox.Session) -> None:
     _install(session)
     args = list(session.posargs)
     with contextlib.ExitStack() as stack:
-        for name in ("redis", "postgres"):
+        for name in ("redis", "postgres", "cosmos"):
             available, urls = BACKENDS[name]
             if available():
                 found = stack.enter_context(urls())

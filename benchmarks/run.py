@@ -9,7 +9,7 @@ Per backend (memory, sqlite, and Redis / PostgreSQL when their URLs are given):
   (hand-overs, longest wait);
 * memory CAS write with receipt / read, step ``append_event`` at 10 and 1,000 events.
 
-Usage: ``python benchmarks/run.py [--redis URL] [--postgres URL] [--quick]``.
+Usage: ``python benchmarks/run.py [--redis URL] [--postgres URL] [--cosmos URL] [--quick]``.
 Numbers are printed, never asserted: speed is measured here, not in tests.
 """
 
@@ -307,6 +307,7 @@ def main() -> None:
     )
     parser.add_argument("--redis")
     parser.add_argument("--postgres")
+    parser.add_argument("--cosmos")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, history up to 100")
     args = parser.parse_args()
     targets = {"memory": f"memory://bench-{uuid.uuid4().hex[:6]}", "sqlite": args.sqlite}
@@ -314,6 +315,8 @@ def main() -> None:
         targets["redis"] = args.redis
     if args.postgres:
         targets["postgres"] = args.postgres
+    if args.cosmos:
+        targets["cosmos"] = args.cosmos
     print("anchors (DESIGN.md §6):")
     for what, figure in ANCHORS.items():
         print(f"  {what:<36} {figure}")
