@@ -368,6 +368,12 @@ class DynamoDBKV(KVStore):
 
     # -- setup ----------------------------------------------------------------------------
 
+    @property
+    def auto_setup(self) -> bool:
+        """Always False: a table is created by ``agent-stores setup URL`` (or :meth:`setup`),
+        never implicitly by a store being entered."""
+        return False
+
     async def setup(self) -> None:
         """Create the table (on-demand billing) and enable TTL on ``ttl``. Idempotent."""
         self._check_open()
