@@ -288,3 +288,24 @@ async def test_harness_postgres_steps(tmp_path: Path, pg_pool: Any) -> None:
         )
     assert report.ok and report.imported == 1, report.lines()
     await check_imported_run(source, url, expected)
+
+
+def test_cli_imports_harness_sqlite_memory_and_steps(tmp_path: Path) -> None:
+    import asyncio
+
+    from agent_stores.cli import cli
+    from click.testing import CliRunner
+
+    memory_db, steps_db = tmp_path / "memory.db", tmp_path / "steps.db"
+    asyncio.run(write_with_harness(SqliteMemoryStore(database=memory_db)))
+    expected = asyncio.run(run_on_harness(SqliteStepStore(database=steps_db)))
+    dst = f"sqlite:///{tmp_path}/ours.db"
+    runner = CliRunner()
+    first = runner.invoke(cli, ["import", "harness-memory", f"sqlite:///{memory_db}", dst])
+    assert first.exit_code == 0, first.output
+    assert "2 imported" in first.output and "not carried over" in first.output
+    again = runner.invoke(cli, ["import", "harness-memory", f"sqlite:///{memory_db}", dst])
+    assert "0 imported, 0 updated, 2 already identical" in again.output
+    runs = runner.invoke(cli, ["import", "harness-steps", f"sqlite:///{steps_db}", dst])
+    assert runs.exit_code == 0 and "1 imported" in runs.output, runs.output
+    asyncio.run(check_imported_run(SqliteStepStore(database=steps_db), dst, expected))

@@ -204,3 +204,19 @@ async def test_history_format_is_pydantic_ai_json(cortex_data: tuple[Any, str]) 
     history, active = await client.get(history_key), await client.get(active_key)
     assert json.loads(history)[0]["kind"] == "request"
     assert json.loads(active) == {"calls": [["pay", "c-7"]]}
+
+
+def test_cli_imports_cortex_sessions(redis_base: str, cortex_python: str, tmp_path: Path) -> None:
+    from agent_stores.cli import cli
+    from click.testing import CliRunner
+
+    prefix = f"cortex-cli-{uuid.uuid4().hex[:8]}"
+    plain = StoreURL.parse(redis_base).without_query("prefix").render_with_secrets()
+    subprocess.run([cortex_python, "-c", WRITER, plain, prefix], check=True)
+    dst = f"sqlite:///{tmp_path}/ours.db"
+    argv = ["import", "cortex-redis", plain, dst, "--key-prefix", prefix]
+    result = CliRunner().invoke(cli, [*argv, "--session-id", "alice", "--session-id", "bob"])
+    assert result.exit_code == 0, result.output
+    assert "2 imported" in result.output
+    again = CliRunner().invoke(cli, [*argv, "--session-id", "bob"])
+    assert "1 already identical" in again.output

@@ -40,11 +40,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("agent_stores.cli.runs:runs", "List, show and delete checkpointed runs."),
     "doctor": (
         "agent_stores.cli.doctor:doctor",
-        "Find damaged session, memory and run records; --repair quarantines them.",
+        "Find damaged records; --repair quarantines them.",
     ),
     "copy": (
         "agent_stores.cli.copy:copy",
         "Copy sessions, memory and runs to another backend.",
+    ),
+    "import": (
+        "agent_stores.cli.importers:import_",
+        "Import from pydantic-ai-harness stores or Cortex sessions.",
     ),
 }
 
