@@ -173,11 +173,6 @@ class LoopBoundPool:
         self._closed = False
 
     @property
-    def owns_pool(self) -> bool:
-        """False when the pool was passed in by the caller."""
-        return self._external is None
-
-    @property
     def max_size(self) -> int:
         """Upper bound of connections this store opens."""
         if self._external is not None:

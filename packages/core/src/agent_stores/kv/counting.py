@@ -37,11 +37,6 @@ class CountingKV(KVStore):
         """Number of primitive calls (each one round trip on a networked backend)."""
         return sum(self.calls.values())
 
-    @property
-    def inner_backend_name(self) -> str:
-        """The wrapped backend's name."""
-        return self.inner.backend_name
-
     def describe(self) -> str:
         return f"counting({self.inner.describe()})"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
@@ -311,8 +311,3 @@ def effect_calls_succeeded(calls: Iterable[EffectCall], messages: Sequence[Model
         if not wanted:
             return True
     return False
-
-
-def with_lease(header: StateHeader, lease: Lease | None, now: float) -> StateHeader:
-    """``header`` with a new lease and ``updated_at``."""
-    return replace(header, lease=lease, updated_at=now)
