@@ -243,7 +243,7 @@ def bench(session: nox.Session) -> None:
     _install(session)
     args = list(session.posargs)
     with contextlib.ExitStack() as stack:
-        for name in ("redis", "postgres", "cosmos"):
+        for name in ("redis", "postgres", "cosmos", "firestore"):
             available, urls = BACKENDS[name]
             if available():
                 found = stack.enter_context(urls())

@@ -9,7 +9,7 @@ Per backend (memory, sqlite, and Redis / PostgreSQL when their URLs are given):
   (hand-overs, longest wait);
 * memory CAS write with receipt / read, step ``append_event`` at 10 and 1,000 events.
 
-Usage: ``python benchmarks/run.py [--redis URL] [--postgres URL] [--cosmos URL] [--quick]``.
+Usage: ``python benchmarks/run.py [--redis URL] [--postgres URL] [--cosmos URL] [--firestore URL] [--quick]``.
 Numbers are printed, never asserted: speed is measured here, not in tests.
 """
 
@@ -95,6 +95,14 @@ async def backend(url: str) -> AsyncIterator[tuple[str, Meter]]:
     parsed = StoreURL.parse(url)
     if parsed.scheme in {"memory", "sqlite"}:
         yield url, Meter(None, None)
+        return
+    emulator = parsed.query_get("emulator_host")
+    if parsed.scheme == "firestore" and emulator:
+        # Firestore's address is the emulator's, in the query; the host is the project.
+        host, _, port = emulator.rpartition(":")
+        async with DelayProxy(host, int(port)) as proxy:
+            proxied = parsed.with_query(emulator_host=f"127.0.0.1:{proxy.port}")
+            yield proxied.render_with_secrets(), Meter(proxy, None)
         return
     async with DelayProxy(parsed.host or "127.0.0.1", parsed.port or 0) as proxy:
         yield (
@@ -308,6 +316,7 @@ def main() -> None:
     parser.add_argument("--redis")
     parser.add_argument("--postgres")
     parser.add_argument("--cosmos")
+    parser.add_argument("--firestore")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, history up to 100")
     args = parser.parse_args()
     targets = {"memory": f"memory://bench-{uuid.uuid4().hex[:6]}", "sqlite": args.sqlite}
@@ -317,6 +326,8 @@ def main() -> None:
         targets["postgres"] = args.postgres
     if args.cosmos:
         targets["cosmos"] = args.cosmos
+    if args.firestore:
+        targets["firestore"] = args.firestore
     print("anchors (DESIGN.md §6):")
     for what, figure in ANCHORS.items():
         print(f"  {what:<36} {figure}")
