@@ -100,6 +100,10 @@ class DynamoDBSettings:
     #: explicit credentials from the URL (escape hatch); never shown
     credentials: dict[str, str] = field(default_factory=dict, repr=False)
 
+    def __repr__(self) -> str:
+        # The dataclass repr would show the StoreURL, whose user info is the key id.
+        return f"DynamoDBSettings({self.describe()!r}, table={self.table!r})"
+
     def describe(self) -> str:
         """A redacted one-line location."""
         if self.url is not None:

@@ -163,8 +163,6 @@ class DynamoDBKV(KVStore):
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         # Strings that must never reach a message (explicit credentials from the URL).
         self._secrets = [v for v in settings.credentials.values() if v]
-        #: Called with the operation name before every request (tests count round trips).
-        self.request_hooks: list[Any] = []
 
     # -- construction ---------------------------------------------------------------------
 
@@ -252,8 +250,6 @@ class DynamoDBKV(KVStore):
         A failed condition raises :class:`_ConditionFailed` for the caller to interpret.
         """
         client = await self._get_client()
-        for hook in self.request_hooks:
-            hook(operation)
         try:
             response: dict[str, Any] = await getattr(client, operation)(**request)
         except Exception as exc:
