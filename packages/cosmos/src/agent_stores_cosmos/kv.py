@@ -20,8 +20,9 @@ Failures: 429 (request rate too large) is retried by the Azure SDK, honouring
 ``x-ms-retry-after-ms``, up to ``?throttle_retries=`` / ``?throttle_wait=``; what remains,
 and every connection error, timeout or 5xx, becomes
 :class:`~agent_stores.errors.BackendUnavailableError` with no key in it. The SDK never
-re-sends a write whose reply was lost (``retry_write`` stays off), so a conflict answer
-is never the echo of our own earlier attempt.
+re-sends a write whose reply was lost (``retry_write`` stays off in clients the store
+builds). A ready client may re-send: every item carries a random write token ``w``, so
+a create that meets its own earlier attempt (409) recognises it and succeeds.
 
 ``emulator=cosmosdb-server`` (the npm test server): point reads carry the cross-partition
 header, without which that server answers 500 instead of 404 for a missing item, and
