@@ -98,7 +98,7 @@ async def test_missing_table_names_the_setup_command(dynamodb_base_url: str) -> 
         version = await kv.create("s", "k", b"v")
         entry = await kv.get("s", "k")
         assert entry is not None and entry.version == version
-        client = await kv._get_client()  # noqa: SLF001 - inspect what setup created
+        client = await kv._get_client()  # inspect what setup created
         ttl = await client.describe_time_to_live(TableName=table)
         assert ttl["TimeToLiveDescription"]["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
         assert ttl["TimeToLiveDescription"]["AttributeName"] == "ttl"

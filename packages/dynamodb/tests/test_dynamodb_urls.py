@@ -37,7 +37,7 @@ def test_mixed_case_table_through_query() -> None:
 
 
 @pytest.mark.parametrize(
-    "url, message",
+    ("url", "message"),
     [
         ("dynamodb://t?regoin=us-east-1", "unknown query option"),
         ("dynamodb://", "missing table"),
