@@ -143,12 +143,22 @@ def _test_url_env(label: str) -> str:
 
 
 def _redacted(url: str) -> str:
-    """``url`` with its password masked (stdlib only: nox runs outside the project's venv)."""
+    """``url`` with its password and secret query values (``key=``, ``…_token=``, …) masked.
+
+    Standard library only: nox runs outside the project's venv.
+    """
     parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    text = url
+    if parts.password is not None:
+        text = text.replace(f":{parts.password}@", ":***@", 1)
+    if parts.query:
+        secret = ("key", "password", "secret", "token", "sig", "signature", "credential")
+        query = "&".join(
+            f"{name}=***" if name.lower().endswith(secret) else f"{name}{sep}{value}"
+            for name, sep, value in (pair.partition("=") for pair in parts.query.split("&"))
+        )
+        text = text.replace(f"?{parts.query}", f"?{query}", 1)
+    return text
 
 
 def _run_contract(session: nox.Session, label: str, url: str, extra: list[str]) -> None:
