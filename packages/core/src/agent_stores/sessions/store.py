@@ -29,6 +29,7 @@ from .errors import (
 from .info import SessionInfo
 from .port import SessionPort
 from .storage import Acquired, KVSessionStorage, LeaseHandle
+from .sync import NotAwaitable
 
 log = logging.getLogger("agent_stores.sessions")
 
@@ -77,11 +78,13 @@ class Session:
         """Effect calls marked and not yet confirmed by a successful tool return."""
         return self._handle.pending_effects
 
-    def replace(self, messages: Sequence[ModelMessage]) -> None:
+    def replace(self, messages: Sequence[ModelMessage]) -> NotAwaitable:
         """Mark ``messages`` as the new history, saved when the block exits without an exception.
 
         Typically ``session.replace(result.all_messages())``. The last call wins. When the
-        list extends the stored history only the new messages are written.
+        list extends the stored history only the new messages are written. Synchronous: it
+        does no I/O (the save happens on exit), so ``await session.replace(...)`` raises a
+        TypeError saying so.
         """
         self._turn.check_usable()
         items = list(messages)
@@ -92,6 +95,7 @@ class Session:
                     f"{type(message).__name__}"
                 )
         self._replacement = items
+        return NotAwaitable("Session.replace()", "it only records the history saved on exit")
 
     @telemetry.traced("session.checkpoint", kv=lambda s: s._turn.store.kv)
     async def checkpoint(self, messages: Sequence[ModelMessage]) -> None:
