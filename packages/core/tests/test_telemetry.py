@@ -255,3 +255,51 @@ def test_without_the_api_installed_helpers_are_the_identity() -> None:
         """
     )
     assert out == "ok"
+
+
+async def test_handover_between_two_clients_is_counted(
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], tmp_path: Path
+) -> None:
+    import asyncio
+
+    _, reader = otel
+
+    def handovers() -> float:
+        data = reader.get_metrics_data()
+        return sum(
+            p.value
+            for rm in (data.resource_metrics if data else [])
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "agent_stores.session.handovers"
+            for p in m.data.data_points
+        )
+
+    from agent_stores.sessions.records import WAITER_KEY
+
+    before = handovers()
+    async with connect(f"sqlite:///{tmp_path}/h.db") as conn:
+        first, second = conn.sessions(), conn.sessions()  # two clients of one database
+        held = asyncio.Event()
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with first.turn("shared"):
+                held.set()
+                await release.wait()
+
+        async def wait_for_it() -> str:
+            async with second.turn("shared", timeout_seconds=30) as session:
+                return session.session_id
+
+        holder = asyncio.create_task(hold())
+        await held.wait()
+        waiter = asyncio.create_task(wait_for_it())
+        # Release only once the second client has seen the session busy (its hint is there).
+        while await conn.kv.get("session:shared", WAITER_KEY) is None:
+            assert not waiter.done()
+            await asyncio.sleep(0.005)
+        release.set()
+        await holder
+        assert await waiter == "shared"
+    assert handovers() >= before + 1

@@ -502,10 +502,13 @@ class SessionStore(KVBackedStore):
                 # successful acquire, the next attempt finds our own lease and continues.
                 if loop.time() + delay >= deadline:
                     raise
+                telemetry.record_retry("session.acquire", self.kv)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, self.poll_max_seconds)
                 continue
             if isinstance(outcome, Acquired):
+                if holder is not None:  # it was busy: passed on to us
+                    telemetry.record_handover(self.kv)
                 return outcome.handle
             holder = outcome.holder or holder
             now = loop.time()
