@@ -166,8 +166,10 @@ def _classify(exc: BaseException) -> tuple[bool, bool] | None:
     if isinstance(exc, gex.Aborted | gex.ResourceExhausted | gex.TooManyRequests):
         return True, False
     if isinstance(exc, gex.ServiceUnavailable):
+        # gRPC says "failed to connect to all addresses" / "Connection refused" when the
+        # request never left; "Socket closed" or "Connection reset" may follow a write.
         text = str(exc).lower()
-        return True, not ("connect" in text or "refused" in text)
+        return True, not ("failed to connect" in text or "connection refused" in text)
     if isinstance(exc, gex.DeadlineExceeded | gex.InternalServerError | gex.Unknown):
         return True, True
     if isinstance(exc, auth_exc.TransportError):
@@ -663,11 +665,17 @@ class FirestoreKV(KVStore):
             snaps = await self._run(fetch)
             if not snaps:
                 return total
-            batch = self._client.batch()
-            for snap in snaps:
-                batch.delete(snap.reference)
+            refs = [snap.reference for snap in snaps]
+
+            async def delete_page(refs: list[AsyncDocumentReference] = refs) -> None:
+                # A fresh batch per attempt: a committed batch forgets its writes.
+                batch = self._client.batch()
+                for ref in refs:
+                    batch.delete(ref)
+                await batch.commit(retry=None, timeout=self._timeout)
+
             # Unconditional deletes: repeating them after a lost reply is harmless.
-            await self._run(functools.partial(batch.commit, retry=None, timeout=self._timeout))
+            await self._run(delete_page)
             total += len(snaps)
 
     # -- commit -----------------------------------------------------------------------------
@@ -693,12 +701,19 @@ class FirestoreKV(KVStore):
         # documents count as absent) and pin every one to that state.
         state: list[DocumentSnapshot] | None = None
         for _ in range(MAX_ROUNDS):
-            batch, expiries = self._build_batch(scope, ops, refs, nonce, now, state)
+            # Built before the first attempt: a failed condition raises here, unsent.
+            _, expiries = self._build_batch(scope, ops, refs, nonce, now, state)
             attempt = _Attempt()
+
+            async def send(state: list[DocumentSnapshot] | None = state) -> list[Any]:
+                # A fresh batch per attempt: a committed batch forgets its writes, so a
+                # re-sent one would be empty.
+                batch, _ = self._build_batch(scope, ops, refs, nonce, now, state)
+                results: list[Any] = await batch.commit(retry=None, timeout=self._timeout)
+                return results
+
             try:
-                results = await self._run(
-                    functools.partial(batch.commit, retry=None, timeout=self._timeout), attempt
-                )
+                results = await self._run(send, attempt)
             except conflicts:
                 if attempt.ambiguous:
                     applied = await self._applied(scope, ops, refs, nonce, expiries)
