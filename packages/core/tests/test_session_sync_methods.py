@@ -13,7 +13,7 @@ async def test_awaiting_replace_names_the_method_and_the_fix() -> None:
             with pytest.raises(
                 TypeError, match=r"Session\.replace\(\) is synchronous.*without await"
             ):
-                await session.replace([ModelRequest(parts=[UserPromptPart("hi")])])  # type: ignore[func-returns-value]
+                await session.replace([ModelRequest(parts=[UserPromptPart("hi")])])
             assert session.changed  # the call itself did its work
         async with sessions.turn("s") as session:
             assert len(session.messages) == 1
