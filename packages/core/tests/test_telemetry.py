@@ -36,18 +36,24 @@ SECRET = "s3cret-Pw-" + uuid.uuid4().hex[:6]
 
 
 @pytest.fixture(scope="module")
-def otel() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
+def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
     exporter = InMemorySpanExporter()
+    processor = SimpleSpanProcessor(exporter)
     reader = InMemoryMetricReader()
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):  # another module already set one up
-        current.add_span_processor(SimpleSpanProcessor(exporter))
+        current.add_span_processor(processor)
     else:
         provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    return exporter, reader
+    meter_provider = MeterProvider(metric_readers=[reader])
+    metrics.set_meter_provider(meter_provider)
+    yield exporter, reader
+    # The global providers stay for the rest of the process; stop keeping what they record.
+    processor.shutdown()
+    exporter.clear()
+    meter_provider.shutdown()
 
 
 def _postgres_servers() -> ModuleType:
