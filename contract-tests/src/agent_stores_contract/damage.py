@@ -263,22 +263,32 @@ class DamageContract(ContractBase):
             assert caught.value.code == ErrorCode.SESSION_INVALID
             assert caught.value.session_id == sid
 
+    @pytest.mark.parametrize("cut", ["end", "inside"])
     async def test_truncated_state_tail_leaves_row_untouched(
-        self, sessions: SessionStore, ns: str
+        self, sessions: SessionStore, ns: str, cut: str
     ) -> None:
-        """A state record whose header is intact but inline tail is cut: SESSION_INVALID every time,
-        the row byte-for-byte untouched (no lease written), inspect shows no owner, reset clears it."""
+        """A state record whose header is intact but inline tail is cut: SESSION_INVALID every time
+        (never SESSION_BUSY: no lease is left behind), the stored history untouched, inspect shows
+        no owner, other sessions work, reset clears it."""
         sid = f"{ns}:tail"
         async with sessions.turn(sid) as session:
             session.replace(exchange("one", pad=20))
         scope = sessions.storage.scope_for(sid)
         entry = await sessions.kv.get(scope, STATE_KEY)
         assert entry is not None and entry.value.count(b"\n") >= 1
-        cut = entry.value[: len(entry.value) - 7]
-        await sessions.kv.replace(scope, STATE_KEY, cut, expected_version=entry.version)
+        # "end": the array loses its closing bracket; "inside": it keeps it, so only decoding
+        # the messages (after the lease is taken) finds the damage.
+        damaged = entry.value[:-7] if cut == "end" else entry.value[:-30] + b"]"
+        await sessions.kv.replace(scope, STATE_KEY, damaged, expected_version=entry.version)
         await self._expect_invalid_twice(sessions, sid)
         after = await sessions.kv.get(scope, STATE_KEY)
-        assert after is not None and after.value == cut
+        assert after is not None
+        if cut == "end":
+            assert after.value == damaged  # refused before anything was written
+        else:
+            # Found only once the lease was taken (a native path takes it and loads in one
+            # round trip): the lease is given back, and the history bytes stay as they were.
+            assert after.value.partition(b"\n")[2] == damaged.partition(b"\n")[2]
         info = await sessions.inspect(sid)
         assert info is None or info.lease_owner is None
         other = f"{ns}:healthy"
