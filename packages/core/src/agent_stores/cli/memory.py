@@ -61,7 +61,11 @@ async def ls(ctx: click.Context, prefix: str, limit: int) -> None:
     """List the paths starting with PREFIX (every path when omitted), sorted."""
 
     async def body(store: KVMemoryStore) -> list[str]:
-        return await store.list_paths(prefix, limit=limit)
+        paths = await store.list_paths(prefix, limit=limit)
+        for problem in store.problems.take():
+            # Listed on stderr: stdout stays one path per line for scripts.
+            click.echo(f"skipped damaged record {problem.where}: {problem.detail}", err=True)
+        return paths
 
     for path in await _with_store(ctx, body):
         click.echo(path)
@@ -94,7 +98,15 @@ async def rm(ctx: click.Context, path: str) -> None:
     """Delete the file at PATH (the version just read: a concurrent change makes it fail safely)."""
 
     async def body(store: KVMemoryStore) -> bool:
-        current = await store.read(path, max_chars=1)
+        from ..errors import CorruptRecordError
+
+        try:
+            current = await store.read(path, max_chars=1)
+        except CorruptRecordError:
+            # An undecodable record has no version to match: the store removes it only
+            # unconditionally, keeping its bytes in the quarantine scope.
+            await store.delete(path, expected_version=None)
+            return True
         if current is None:
             return False
         await store.delete(path, expected_version=current.version)
