@@ -1,20 +1,23 @@
 """Real PostgreSQL servers for tests: a fresh database, or a throwaway cluster.
 
 Standard library only, so nox, ``.ci/run`` and a bare ``python`` can use it before any
-virtualenv exists. Two kinds of server:
+virtualenv exists. Tests never touch the machine's own databases:
 
-* the machine's PostgreSQL on 127.0.0.1:5432, when it answers (trust auth, user
-  ``postgres``): every run gets its own freshly created database with a unique name,
-  dropped (``WITH (FORCE)``) on exit; the server itself is never reconfigured or restarted;
-* otherwise a throwaway cluster: ``initdb`` (as user ``postgres`` when running as root,
+* by default a throwaway cluster: ``initdb`` (as user ``postgres`` when running as root,
   which initdb refuses to be) in a temporary directory, started with ``pg_ctl`` on a free
   loopback port with ``fsync=off``, stopped and deleted on exit. Tests that must restart
-  a server (``Cluster.restart()``) always use one of these.
+  a server (``Cluster.restart()``) always use one of these;
+* only when asked (``postgres_server(throwaway=False)``, ``start --machine``), a freshly
+  created database with a unique name on the machine's PostgreSQL on 127.0.0.1:5432
+  (trust auth), dropped (``WITH (FORCE)``) on exit.
+
+:func:`available` says whether the server binaries are here; :func:`missing` names what
+to install when they are not.
 
 As a library (load it by path)::
 
     with postgres_server() as urls:
-        urls["postgres"]        # postgresql://postgres@127.0.0.1:5432/agent_stores_test_…
+        urls["postgres"]        # postgresql://postgres@127.0.0.1:P/postgres (throwaway)
 
     with throwaway_cluster() as cluster:
         cluster.url()           # postgresql://postgres@127.0.0.1:P/postgres
@@ -22,7 +25,7 @@ As a library (load it by path)::
 
 As a command (state kept in ``.servers/postgres/`` at the repository root)::
 
-    python scripts/servers/postgres.py start [--throwaway]   # prints the export line
+    python scripts/servers/postgres.py start [--machine]     # prints the export line
     python scripts/servers/postgres.py url                   # AGENT_STORES_TEST_POSTGRES_URL=…
     python scripts/servers/postgres.py stop
 """
@@ -115,6 +118,32 @@ def psql(sql: str, *, host: str = HOST, port: int = MACHINE_PORT, dbname: str = 
     if proc.returncode != 0:
         raise ServerError(f"psql on {host}:{port} failed: {proc.stderr.strip()}")
     return proc.stdout.strip()
+
+
+INSTALL_HINT = (
+    "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: "
+    f"apt-get install postgresql (Debian), or set {BIN_ENV} to their directory"
+)
+
+
+def missing() -> str | None:
+    """What to install so a throwaway cluster can start here (None: nothing)."""
+    try:
+        pg_bin("initdb")
+        pg_bin("pg_ctl")
+    except ServerError:
+        return INSTALL_HINT
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(SUPERUSER)
+        except KeyError:
+            return f"running as root, initdb needs a {SUPERUSER!r} user to run as (useradd {SUPERUSER})"
+    return None
+
+
+def available() -> bool:
+    """True when a throwaway cluster can be started here."""
+    return missing() is None
 
 
 def machine_server_available(host: str = HOST, port: int = MACHINE_PORT) -> bool:
@@ -318,13 +347,13 @@ def throwaway_cluster() -> Iterator[Cluster]:
 
 
 @contextlib.contextmanager
-def postgres_server(*, throwaway: bool = False) -> Iterator[dict[str, str]]:
+def postgres_server(*, throwaway: bool = True) -> Iterator[dict[str, str]]:
     """``{"postgres": url}`` of a fresh, empty database, removed afterwards.
 
-    Uses the machine's server when it answers (unless ``throwaway``), else a throwaway
-    cluster.
+    A private throwaway cluster; ``throwaway=False`` uses a new database on the machine's
+    server instead (only when a caller asks for it).
     """
-    if not throwaway and machine_server_available():
+    if not throwaway:
         with fresh_database() as url:
             yield {"postgres": url}
     else:
@@ -352,13 +381,13 @@ def _load_state(state_dir: Path) -> dict[str, object] | None:
     return loaded
 
 
-def _cli_start(state_dir: Path, throwaway: bool) -> int:
+def _cli_start(state_dir: Path, machine: bool) -> int:
     state = _load_state(state_dir)
     if state is not None:
         print(f"{URL_ENV}={state['url']}")
         return 0
     state_dir.mkdir(parents=True, exist_ok=True)
-    if not throwaway and machine_server_available():
+    if machine:
         name = create_database()
         state = {"kind": "database", "database": name, "url": url_for(name)}
     else:
@@ -393,15 +422,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("command", choices=["start", "stop", "url"])
     parser.add_argument(
-        "--throwaway",
+        "--machine",
         action="store_true",
-        help="start a private cluster even if the machine's server answers",
+        help="a fresh database on the machine's server instead of a private cluster",
     )
+    parser.add_argument("--throwaway", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dir", type=Path, default=STATE_DIR)
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
-            return _cli_start(args.state_dir, args.throwaway)
+            return _cli_start(args.state_dir, args.machine)
         if args.command == "stop":
             return _cli_stop(args.state_dir)
         state = _load_state(args.state_dir)

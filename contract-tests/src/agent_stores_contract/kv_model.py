@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from agent_stores import ConflictError, KVStore
 from agent_stores.kv import Check, Create, Delete, Entry, Operation, Replace
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -36,6 +36,8 @@ Runner = Callable[[Coroutine[Any, Any, Any]], Any]
 #: Scope suffixes appended to the example's prefix: the bare prefix, and names that
 #: extend it, so a backend that matches scopes by prefix leaks between them.
 SCOPE_SUFFIXES = ["", "/", "/a", "a", "A", "_a", ":a", "%2F", "\u00e9", "e\u0301", "\\"]
+#: Most operations land on a few scopes, so they meet each other's entries.
+scopes_ = st.one_of(st.sampled_from(SCOPE_SUFFIXES[:3]), st.sampled_from(SCOPE_SUFFIXES))
 
 #: Keys reused often (so operations meet the same entries), sharing prefixes, in
 #: different cases and Unicode normal forms (NFC "é" vs NFD "e + combining acute",
@@ -59,10 +61,22 @@ KEY_POOL = [
     "\U0001f600",
     "a\uffff",
     "a\\b",
+    "\ue000",
+    "\uffff",
+    "\U00010000",
 ]
+#: A handful of keys most operations use, so creates, replaces and deletes collide.
+HOT_KEYS = ["a", "a/", "ab", "\u00e9", "\uffff", "\U0001f600"]
 ALPHABET = "aAb/_:%.\\ ~\u00e9e\u0301\u00c5\u212b\u65e5\U0001f600\uffff"
 
-keys = st.one_of(st.sampled_from(KEY_POOL), st.text(alphabet=ALPHABET, min_size=1, max_size=4))
+keys = st.one_of(
+    st.sampled_from(HOT_KEYS),
+    st.sampled_from(KEY_POOL),
+    st.text(alphabet=ALPHABET, min_size=1, max_size=4),
+)
+#: A key to operate on: an integer picks one the scope holds or held (most interesting
+#: operations meet existing entries), a string is used as it is.
+targets = st.one_of(st.integers(min_value=0, max_value=1 << 16), keys)
 prefixes = st.one_of(st.just(""), st.sampled_from(KEY_POOL), st.text(alphabet=ALPHABET, max_size=2))
 values = st.binary(max_size=24)
 # Whole seconds: every expiry is an exact float, whatever precision a backend stores.
@@ -135,6 +149,17 @@ class KVMachine(RuleBasedStateMachine):
     def scope(self, suffix: str) -> str:
         return self.prefix + suffix
 
+    def pick(self, scope: str, which: int | str) -> str:
+        if isinstance(which, str):
+            return which
+        known = sorted(
+            {k for (s, k) in self.model.data if s == scope}
+            | {k for (s, k) in self.model.history if s == scope},
+            key=_order,
+        )
+        pool = known or HOT_KEYS
+        return pool[which % len(pool)]
+
     def expected_version(self, scope: str, key: str, choice: str) -> str:
         live = self.model.live(scope, key)
         old = self.model.history.get((scope, key), [])
@@ -173,9 +198,10 @@ class KVMachine(RuleBasedStateMachine):
     def start(self) -> None:
         pass
 
-    @rule(suffix=st.sampled_from(SCOPE_SUFFIXES), key=keys, value=values, ttl=ttls)
-    def create(self, suffix: str, key: str, value: bytes, ttl: float | None) -> None:
+    @rule(suffix=scopes_, which=targets, value=values, ttl=ttls)
+    def create(self, suffix: str, which: int | str, value: bytes, ttl: float | None) -> None:
         scope = self.scope(suffix)
+        key = self.pick(scope, which)
         where = f"create({scope!r}, {key!r})"
         if self.model.live(scope, key) is not None:
             try:
@@ -188,14 +214,33 @@ class KVMachine(RuleBasedStateMachine):
         self.model.put(scope, key, value, version, ttl)
 
     @rule(
-        suffix=st.sampled_from(SCOPE_SUFFIXES),
-        key=keys,
+        suffix=scopes_,
+        stem=st.sampled_from(["", "a", "a/", "\u00e9", "\uffff", "\U0001f600"]),
+        count=st.integers(min_value=2, max_value=40),
+        ttl=ttls,
+    )
+    def create_many(self, suffix: str, stem: str, count: int, ttl: float | None) -> None:
+        # Enough keys in one scope for get_many batches and scan pages to matter.
+        scope = self.scope(suffix)
+        for i in range(count):
+            key = f"{stem}{i:02d}"
+            if self.model.live(scope, key) is None:
+                version = self.run(self.store.create(scope, key, key.encode(), ttl=ttl))
+                self.fresh(version, f"create({scope!r}, {key!r})")
+                self.model.put(scope, key, key.encode(), version, ttl)
+
+    @rule(
+        suffix=scopes_,
+        which=targets,
         value=values,
         ttl=ttls,
         choice=version_choices,
     )
-    def replace(self, suffix: str, key: str, value: bytes, ttl: float | None, choice: str) -> None:
+    def replace(
+        self, suffix: str, which: int | str, value: bytes, ttl: float | None, choice: str
+    ) -> None:
         scope = self.scope(suffix)
+        key = self.pick(scope, which)
         expected = self.expected_version(scope, key, choice)
         live = self.model.live(scope, key)
         where = f"replace({scope!r}, {key!r}, expected_version={expected!r})"
@@ -212,12 +257,13 @@ class KVMachine(RuleBasedStateMachine):
         self.model.put(scope, key, value, version, ttl)
 
     @rule(
-        suffix=st.sampled_from(SCOPE_SUFFIXES),
-        key=keys,
+        suffix=scopes_,
+        which=targets,
         choice=st.one_of(st.none(), version_choices),
     )
-    def delete(self, suffix: str, key: str, choice: str | None) -> None:
+    def delete(self, suffix: str, which: int | str, choice: str | None) -> None:
         scope = self.scope(suffix)
+        key = self.pick(scope, which)
         expected = None if choice is None else self.expected_version(scope, key, choice)
         live = self.model.live(scope, key)
         want = live is not None and (expected is None or live.version == expected)
@@ -229,19 +275,21 @@ class KVMachine(RuleBasedStateMachine):
         if want:
             del self.model.data[(scope, key)]
 
-    @rule(suffix=st.sampled_from(SCOPE_SUFFIXES), key=keys)
-    def get(self, suffix: str, key: str) -> None:
+    @rule(suffix=scopes_, which=targets)
+    def get(self, suffix: str, which: int | str) -> None:
         scope = self.scope(suffix)
+        key = self.pick(scope, which)
         got = self.run(self.store.get(scope, key))
         self.check_entry(f"get({scope!r}, {key!r})", got, self.model.live(scope, key))
 
     @rule(
-        suffix=st.sampled_from(SCOPE_SUFFIXES),
-        asked=st.lists(keys, min_size=1, max_size=8),
+        suffix=scopes_,
+        chosen=st.lists(targets, min_size=1, max_size=8),
         include_live=st.booleans(),
     )
-    def get_many(self, suffix: str, asked: list[str], include_live: bool) -> None:
+    def get_many(self, suffix: str, chosen: list[int | str], include_live: bool) -> None:
         scope = self.scope(suffix)
+        asked = [self.pick(scope, t) for t in chosen]
         if include_live:
             # Every live key of the scope too, so completeness is checked on many keys.
             asked = [*asked, *self.model.live_keys(scope)][::-1]
@@ -255,16 +303,17 @@ class KVMachine(RuleBasedStateMachine):
             self.check_entry(f"{where}[{key!r}]", got[key], entry)
 
     @rule(
-        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        suffix=scopes_,
         prefix=prefixes,
-        start_after=st.one_of(st.none(), keys),
-        limit=st.integers(min_value=1, max_value=6),
+        after=st.one_of(st.none(), targets),
+        limit=st.integers(min_value=1, max_value=50),
         with_values=st.booleans(),
     )
     def scan(
-        self, suffix: str, prefix: str, start_after: str | None, limit: int, with_values: bool
+        self, suffix: str, prefix: str, after: int | str | None, limit: int, with_values: bool
     ) -> None:
         scope = self.scope(suffix)
+        start_after = None if after is None else self.pick(scope, after)
         got = self.run(
             self.store.scan(
                 scope, prefix=prefix, start_after=start_after, limit=limit, values=with_values
@@ -288,20 +337,22 @@ class KVMachine(RuleBasedStateMachine):
                 assert item.entry is None, f"{where}: values=False returned an entry"
 
     @rule(
-        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        suffix=scopes_,
         prefix=prefixes,
-        page=st.integers(min_value=1, max_value=4),
+        page=st.integers(min_value=1, max_value=7),
     )
     def scan_all_pages(self, suffix: str, prefix: str, page: int) -> None:
         scope = self.scope(suffix)
         seen: list[str] = []
+        entries: dict[str, Entry | None] = {}
         start_after: str | None = None
         while True:
             batch = self.run(
                 self.store.scan(
-                    scope, prefix=prefix, start_after=start_after, limit=page, values=False
+                    scope, prefix=prefix, start_after=start_after, limit=page, values=True
                 )
             )
+            entries.update((i.key, i.entry) for i in batch)
             assert len(batch) <= page, f"scan(limit={page}) returned {len(batch)} items"
             seen += [i.key for i in batch]
             if len(batch) < page:
@@ -309,10 +360,12 @@ class KVMachine(RuleBasedStateMachine):
             start_after = batch[-1].key
         want = self.model.live_keys(scope, prefix)
         assert seen == want, f"paging {scope!r} by {page} under {prefix!r}: {seen} != {want}"
+        for key in seen:
+            self.check_entry(f"scan({scope!r})[{key!r}]", entries[key], self.model.live(scope, key))
 
     @rule(
-        start=st.sampled_from(SCOPE_SUFFIXES),
-        start_after=st.one_of(st.none(), st.sampled_from(SCOPE_SUFFIXES)),
+        start=scopes_,
+        start_after=st.one_of(st.none(), scopes_),
         limit=st.integers(min_value=1, max_value=12),
     )
     def scopes(self, start: str, start_after: str | None, limit: int) -> None:
@@ -331,7 +384,7 @@ class KVMachine(RuleBasedStateMachine):
             f"scopes(prefix={prefix!r}, start_after={after!r}, limit={limit}): {got} != {want}"
         )
 
-    @rule(suffix=st.sampled_from(SCOPE_SUFFIXES))
+    @rule(suffix=scopes_)
     def drop_scope(self, suffix: str) -> None:
         scope = self.scope(suffix)
         live = self.model.live_keys(scope)
@@ -348,10 +401,10 @@ class KVMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.store.capabilities.commit)
     @rule(
-        suffix=st.sampled_from(SCOPE_SUFFIXES),
+        suffix=scopes_,
         plan=st.lists(
             st.tuples(
-                keys,
+                targets,
                 st.sampled_from(["create", "replace", "delete", "delete-any", "check"]),
                 version_choices,
                 values,
@@ -359,14 +412,16 @@ class KVMachine(RuleBasedStateMachine):
             ),
             min_size=1,
             max_size=4,
-            unique_by=lambda t: t[0],
         ),
     )
-    def commit(self, suffix: str, plan: list[tuple[str, str, str, bytes, float | None]]) -> None:
+    def commit(
+        self, suffix: str, plan: list[tuple[int | str, str, str, bytes, float | None]]
+    ) -> None:
         scope = self.scope(suffix)
         ops: list[Operation] = []
         failing: int | None = None
-        for index, (key, kind, choice, value, ttl) in enumerate(plan):
+        resolved = {self.pick(scope, step[0]): step[1:] for step in plan}  # one op per key
+        for index, (key, (kind, choice, value, ttl)) in enumerate(resolved.items()):
             live = self.model.live(scope, key)
             op: Operation
             if kind == "create":
@@ -438,5 +493,8 @@ def run_model(store: KVStore, namespace: str, runner: Runner, *, examples: int, 
             database=None,
             print_blob=True,
             suppress_health_check=list(HealthCheck),
+            # Shrinking a stateful failure can take minutes on a slow backend; the
+            # failing sequence is printed as found.
+            phases=[Phase.explicit, Phase.reuse, Phase.generate],
         ),
     )
