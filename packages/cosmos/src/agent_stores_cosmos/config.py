@@ -246,5 +246,6 @@ def parse_url(url: StoreURL | str) -> CosmosSettings:
         timeout=timeout,
         throttle_retries=retries,
         throttle_wait=wait,
-        location=where,
+        # A connection-string URL has no host: name the endpoint (it holds no secret).
+        location=where if url.host else f"{where} (endpoint {endpoint})",
     )
