@@ -3,7 +3,8 @@
 Importing this module must stay cheap: it never imports aiobotocore. The URL factory is
 an import string resolved only when a ``dynamodb://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if aiobotocore is already imported (a
-client object cannot exist otherwise).
+client object cannot exist otherwise). :func:`session_store` hands the core's session
+store the native port of :mod:`agent_stores_dynamodb.sessions` (two requests per warm turn).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 from agent_stores.kv.base import KVStore
+from agent_stores.url import StoreURL
 
 FACTORY = "agent_stores_dynamodb.kv:DynamoDBKV.from_url"
 
@@ -42,3 +44,17 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     from .kv import DynamoDBKV
 
     return DynamoDBKV.from_client(client, **options)
+
+
+@hookimpl
+def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """The session store on the native port (two requests per warm turn) for a DynamoDB KV."""
+    from .kv import DynamoDBKV
+
+    if not isinstance(kv, DynamoDBKV):
+        return None
+    from agent_stores.sessions import SessionStore
+
+    from .sessions import DynamoDBSessionPort
+
+    return SessionStore(kv, port=DynamoDBSessionPort(kv), **options)

@@ -1,0 +1,133 @@
+"""The native session port on DynamoDB: a warm turn in two requests.
+
+A warm turn is one this process saved last. The port remembers, per session, the state
+bytes and version its last successful save wrote, so the next acquire needs no read:
+
+* **acquire + load** — one TransactWriteItems: a ConditionCheck that no waiting hint
+  ``w`` is live, and a Put of :func:`~agent_stores.sessions.acquired_state` of the
+  remembered bytes conditioned on ``version`` still being the remembered one. The
+  version is the fencing token, so the condition proves the remembered bytes *are* the
+  stored state; the lease decision (free, expired or ours; no recovery marker; no chunk
+  due for re-copy) is made on those bytes before sending. Chunks come from the process's
+  cache (the core fetches any it evicted with one BatchGetItem).
+* **save + release** — one TransactWriteItems with the new chunk parts (create if absent)
+  and the state CAS; one conditional PutItem when no chunk is new.
+
+Anything else — no remembered state (a cold turn), a failed condition (another process
+wrote the session, or a client is waiting), a lease held by someone else, a recovery
+marker — answers ``GENERIC`` and the core runs its KV algorithm (BatchGetItem, then a
+conditional PutItem): same guarantees, one request more. Built on the public port
+(:class:`agent_stores.sessions.SessionPort`), through :meth:`DynamoDBKV.commit`; nothing
+of the core is overridden.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from agent_stores.errors import ConflictError, ValueTooLargeError
+from agent_stores.kv.base import Check, Create, Operation, Replace
+from agent_stores.sessions import (
+    GENERIC,
+    AcquireReply,
+    AcquireRequest,
+    KVSessionPort,
+    SaveRequest,
+    acquired_state,
+)
+from agent_stores.sessions.records import STATE_KEY, WAITER_KEY, RecordError, decode_state
+
+from .kv import TRANSACTION_MAX_ITEMS, DynamoDBKV
+
+#: Sessions whose last saved state a port remembers (least recently used dropped first).
+REMEMBERED_SESSIONS = 4096
+
+
+class DynamoDBSessionPort:
+    """:class:`~agent_stores.sessions.SessionPort` on a :class:`DynamoDBKV` (see the module doc)."""
+
+    def __init__(self, kv: DynamoDBKV, *, remembered: int = REMEMBERED_SESSIONS) -> None:
+        self.kv = kv
+        self._generic = KVSessionPort(kv)
+        self._remembered = remembered
+        # scope -> (version, state bytes) written by this port's last successful save
+        self._last: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+
+    def _remember(self, scope: str, version: str, state: bytes) -> None:
+        self._last[scope] = (version, state)
+        self._last.move_to_end(scope)
+        while len(self._last) > self._remembered:
+            self._last.popitem(last=False)
+
+    async def acquire(self, request: AcquireRequest) -> AcquireReply:
+        """One TransactWriteItems on a warm session; ``GENERIC`` otherwise."""
+        last = self._last.pop(request.scope, None)
+        if last is None:
+            return GENERIC
+        version, stored = last
+        try:
+            header, _tail = decode_state(stored)
+        except RecordError:
+            return GENERIC
+        if header.recovery:
+            return GENERIC
+        if header.lease_live(request.now) and (
+            header.lease is None or header.lease.owner != request.owner
+        ):
+            return GENERIC  # the core reports who holds it
+        if request.refresh_horizon is not None and any(
+            ref.expires_at is not None and ref.expires_at < request.refresh_horizon
+            for ref in header.chunks
+        ):
+            return GENERIC  # the core re-copies chunks that would expire before the state
+        new_state = acquired_state(
+            stored, owner=request.owner, lease_end=request.lease_end, now=request.now
+        )
+        if new_state is None:
+            return GENERIC
+        try:
+            versions = await self.kv.commit(
+                request.scope,
+                [
+                    Check(WAITER_KEY, None),
+                    Replace(STATE_KEY, new_state, version, ttl=request.ttl_seconds),
+                ],
+            )
+        except ConflictError:
+            return GENERIC  # written by someone else meanwhile, or a client is waiting
+        new_version = versions[1]
+        assert new_version is not None
+        return AcquireReply("acquired", version=new_version, state=new_state)
+
+    async def save(self, request: SaveRequest) -> str:
+        """Chunks and the fenced state in one TransactWriteItems (one PutItem without chunks)."""
+        ops: list[Operation] = [
+            Create(f"{chunk.key}/{i}", bytes(part), ttl=request.chunk_ttl_seconds)
+            for chunk in request.chunks
+            for i, part in enumerate(chunk.parts)
+        ]
+        if not ops:
+            version = await self.kv.replace(
+                request.scope,
+                STATE_KEY,
+                request.state,
+                expected_version=request.expected_version,
+                ttl=request.ttl_seconds,
+            )
+        elif len(ops) + 1 > TRANSACTION_MAX_ITEMS:
+            version = await self._generic.save(request)
+        else:
+            ops.append(
+                Replace(STATE_KEY, request.state, request.expected_version, ttl=request.ttl_seconds)
+            )
+            try:
+                versions = await self.kv.commit(request.scope, ops)
+            except ValueTooLargeError:
+                # Over the 4 MB of one transaction: chunks first, then the CAS.
+                version = await self._generic.save(request)
+            else:
+                last = versions[-1]
+                assert last is not None
+                version = last
+        self._remember(request.scope, version, request.state)
+        return version
