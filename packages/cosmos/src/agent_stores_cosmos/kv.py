@@ -137,6 +137,7 @@ class CosmosKV(KVStore):
         self.emulator = emulator
         self._display = display
         self._ready_lock: asyncio.Lock | None = None
+        self._credential: Any = None  # an Entra ID credential the store created
         self._secrets = [s for s in (settings.key if settings else None,) if s]
         self.stats = RequestStats()
         # The test server runs batches one operation at a time: never call that atomic.
@@ -231,6 +232,7 @@ class CosmosKV(KVStore):
                     detail="auth=entra needs azure-identity: pip install 'agent-stores-cosmos[identity]'"
                 ) from None
             credential = DefaultAzureCredential()
+            self._credential = credential
         else:
             credential = settings.key
         return CosmosClient(
@@ -319,6 +321,10 @@ class CosmosKV(KVStore):
             client, self._client = self._client, None
             with contextlib.suppress(Exception):
                 await client.close()
+        if self._credential is not None:
+            credential, self._credential = self._credential, None
+            with contextlib.suppress(Exception):
+                await credential.close()
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -589,9 +595,12 @@ class CosmosKV(KVStore):
                 return False
             if await self._delete_at(scope, key, str(item["_etag"])):
                 return self._live(item, now)
-        # It changed under us every time: delete whatever is there, then report as best known.
+        # Rewritten between every read and its delete: the caller asked for an unconditional
+        # delete, so delete what is there now; liveness is the last one read.
         item = await self._read_item(scope, key)
-        return item is not None and await self._delete_at(scope, key, str(item["_etag"]))
+        if item is None or not await self._delete_at(scope, key, str(item["_etag"])):
+            return False
+        return self._live(item, now)
 
     async def _query(
         self,
