@@ -1,4 +1,4 @@
-"""The shared contract suite on PostgreSQL, nothing dropped or overridden.
+"""The shared contract suite on PostgreSQL, nothing dropped or overridden, on both paths.
 
 All classes share one schema for the session (the contract isolates tests by scope).
 ``nox -s contract -- postgres`` runs the same suite through ``--store-url``; this module
@@ -8,10 +8,22 @@ lets ``pytest packages/postgres/tests`` run it too.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
+import pytest_asyncio
+from agent_stores import KVStore
+from agent_stores.checkpointer import Checkpointer
+from agent_stores.memory import KVMemoryStore
+from agent_stores.sessions import SessionStore
 from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
+from agent_stores_contract.base import KVFactory
+from agent_stores_contract.checkpointer import CheckpointerFactory
+from agent_stores_contract.memory import MemoryFactory
+from agent_stores_contract.sessions import SessionsFactory
+from agent_stores_postgres.kv import PostgresKV
+from agent_stores_postgres.ports import PostgresJournalPort, PostgresMemoryPort
 from pg_test_support import drop_schema, with_options
 
 
@@ -45,3 +57,71 @@ class TestPostgresMemory(PostgresURL, MemoryContract):
 
 class TestPostgresCheckpointer(PostgresURL, CheckpointerContract):
     """The checkpointer contract on PostgreSQL."""
+
+
+# -- the other path of each store -----------------------------------------------------------
+# The classes above run the sessions through the hook (the native port) and memory and the
+# checkpointer as the contract builds them (the generic port); these run the other path.
+
+
+class TestPostgresSessionsGeneric(PostgresURL, SessionContract):
+    """The session contract on PostgreSQL through the generic KV port."""
+
+    @pytest_asyncio.fixture
+    async def sessions_factory(self, kv_factory: KVFactory) -> AsyncIterator[SessionsFactory]:
+        made: list[SessionStore] = []
+
+        async def make(**options: Any) -> SessionStore:
+            kv = kv_factory()
+            await kv.setup()
+            store = SessionStore(kv, owns_kv=True, **options)
+            made.append(store)
+            return store
+
+        try:
+            yield make
+        finally:
+            for store in made:
+                await store.aclose(timeout_seconds=5)
+
+
+class TestPostgresMemoryNative(PostgresURL, MemoryContract):
+    """The memory contract on PostgreSQL through the native port (a write in one statement)."""
+
+    @pytest.fixture
+    def memory_factory(self, memory_prefix: str) -> MemoryFactory:
+        def make(kv: KVStore, **options: Any) -> KVMemoryStore:
+            port = PostgresMemoryPort(kv) if isinstance(kv, PostgresKV) else None
+            return KVMemoryStore(kv, port=port, **{"scope_prefix": memory_prefix, **options})
+
+        return make
+
+
+class TestPostgresCheckpointerNative(PostgresURL, CheckpointerContract):
+    """The checkpointer contract on PostgreSQL through the native port (an append in one statement)."""
+
+    @pytest_asyncio.fixture
+    async def checkpointer_factory(
+        self, kv_factory: KVFactory, ns: str
+    ) -> AsyncIterator[CheckpointerFactory]:
+        opened: list[Checkpointer] = []
+
+        def make(kv: KVStore | None = None, **options: Any) -> Checkpointer:
+            kv = kv if kv is not None else kv_factory()
+            port = PostgresJournalPort(kv) if isinstance(kv, PostgresKV) else None
+            checkpointer = Checkpointer(
+                kv, owns_kv=True, scope_prefix=f"{ns}/", port=port, **options
+            )
+            opened.append(checkpointer)
+            return checkpointer
+
+        try:
+            yield make
+        finally:
+            for checkpointer in opened:
+                await checkpointer.aclose()
+            async with Checkpointer(kv_factory(), owns_kv=True, scope_prefix=f"{ns}/") as cleaner:
+                while page := await cleaner.list_runs(limit=100):
+                    for info in page:
+                        await cleaner.delete_run(info.run_id)
+                await cleaner.kv.drop_scope(cleaner.space.runs_scope)

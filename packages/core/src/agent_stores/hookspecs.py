@@ -88,15 +88,19 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
 
 @hookspec(firstresult=True)
 def memory_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """Return a native memory store for ``kv``, or None to use the generic one.
+    """Return the memory store for ``kv`` with this backend's native port, or None.
 
-    The native store must pass the memory contract unchanged.
+    Typically ``KVMemoryStore(kv, port=MyMemoryPort(kv), **options)`` where the port
+    implements :class:`agent_stores.memory.port.MemoryPort`. It must pass the memory
+    contract unchanged.
     """
 
 
 @hookspec(firstresult=True)
 def checkpointer(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """Return a native checkpointer for ``kv``, or None to use the generic one.
+    """Return the checkpointer for ``kv`` with this backend's native port, or None.
 
-    The native checkpointer must pass the checkpointer contract unchanged.
+    Typically ``Checkpointer(kv, port=MyJournalPort(kv), **options)`` where the port
+    implements :class:`agent_stores.checkpointer.port.JournalPort`. It must pass the
+    checkpointer contract unchanged.
     """

@@ -47,3 +47,29 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
     from .sessions import PostgresSessionStore
 
     return PostgresSessionStore(kv, **options)
+
+
+@hookimpl
+def memory_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """The memory store with the native port (a write in one statement) for a PostgreSQL KV."""
+    kv_module = sys.modules.get("agent_stores_postgres.kv")
+    if kv_module is None or not isinstance(kv, kv_module.PostgresKV):
+        return None
+    from agent_stores.memory import KVMemoryStore
+
+    from .ports import PostgresMemoryPort
+
+    return KVMemoryStore(kv, port=PostgresMemoryPort(kv), **options)
+
+
+@hookimpl
+def checkpointer(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
+    """The checkpointer with the native port (an append in one statement) for a PostgreSQL KV."""
+    kv_module = sys.modules.get("agent_stores_postgres.kv")
+    if kv_module is None or not isinstance(kv, kv_module.PostgresKV):
+        return None
+    from agent_stores.checkpointer import Checkpointer
+
+    from .ports import PostgresJournalPort
+
+    return Checkpointer(kv, port=PostgresJournalPort(kv), **options)

@@ -362,6 +362,7 @@ class RedisKV(KVStore):
         """Run one of this package's scripts (by SHA, re-sent on NOSCRIPT), transient
         failures retried; for scripts that may safely run twice (a session acquire does:
         the retry finds its own lease)."""
+        self._check_open()
         result, _ = await self._eval(script, keys, args)
         return result
 

@@ -195,6 +195,59 @@ class SQLiteKV(KVStore):
         # Future from a private executor: independent of which event loop awaits it.
         return await asyncio.wrap_future(self._executor.submit(call))
 
+    async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction on the worker thread (one
+        commit; rolled back when ``fn`` raises). For the native ports of the stores."""
+        self._check_open()
+
+        def op(c: sqlite3.Connection) -> T:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(c)
+                c.execute("COMMIT")
+                return result
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+
+        return await self._run(op)
+
+    @staticmethod
+    def live_version_in(c: sqlite3.Connection, scope: str, key: str, now: float) -> str | None:
+        """The live version of ``(scope, key)`` on connection ``c``, or None."""
+        row = c.execute(
+            f"SELECT version FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}",
+            (scope, key, now),
+        ).fetchone()
+        return str(row[0]) if row else None
+
+    @classmethod
+    def create_in(
+        cls,
+        c: sqlite3.Connection,
+        scope: str,
+        key: str,
+        value: bytes,
+        expires_at: float | None,
+        now: float,
+    ) -> str | None:
+        """Create-if-absent on ``c`` (inside :meth:`transaction`): the version, or None."""
+        return cls._create_in(c, scope, key, value, expires_at, now)
+
+    @classmethod
+    def replace_in(
+        cls,
+        c: sqlite3.Connection,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected: str,
+        expires_at: float | None,
+        now: float,
+    ) -> str | None:
+        """Replace-if-version on ``c`` (inside :meth:`transaction`): the version, or None."""
+        return cls._replace_in(c, scope, key, value, expected, expires_at, now)
+
     async def _aclose(self) -> None:
         executor = self._executor
         if executor is None:

@@ -20,7 +20,8 @@ from ..kv.base import KVStore
 from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from .codec import decode_record
-from .space import DEFAULT_SCOPE_PREFIX, RunSpace, bounded_gather, scope_prefix_option
+from .port import JournalPort
+from .space import DEFAULT_SCOPE_PREFIX, Created, RunSpace, bounded_gather, scope_prefix_option
 from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ class Checkpointer(KVBackedStore):
     an async context manager (entering runs the backend's ``setup``); with ``owns_kv=True``
     closing it closes the KV store. ``ttl_seconds`` makes every run expire, whole, that
     long after its first write. ``namespace="x"`` (``scope_prefix="x/"``) and ``ttl`` are
-    the deprecated names of these options.
+    the deprecated names of these options. ``port`` is the backend's native
+    :class:`~agent_stores.checkpointer.port.JournalPort` (an append in one transaction),
+    passed by its ``checkpointer`` hook; None: the generic two-step append.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class Checkpointer(KVBackedStore):
         max_snapshots_per_run: int | None = None,
         namespace: str = UNSET,
         ttl: float | None = UNSET,
+        port: JournalPort | None = None,
     ) -> None:
         self.kv = kv
         self.owns_kv = owns_kv
@@ -63,6 +67,7 @@ class Checkpointer(KVBackedStore):
             kv,
             scope_prefix=scope_prefix_option("Checkpointer", scope_prefix, namespace),
             ttl=renamed_option("Checkpointer", "ttl", ttl, "ttl_seconds", ttl_seconds),
+            port=port,
         )
         self._max_snapshots_per_run = max_snapshots_per_run
         self._step_store: KVStepStore | None = None
@@ -95,11 +100,16 @@ class Checkpointer(KVBackedStore):
         """
         if not isinstance(event, JournalEvent):
             raise TypeError(f"append expects a JournalEvent, got {type(event).__name__}")
-        seq = await self.space.allocate(run_id, JOURNAL_LOG)
-        result = await self._write_at(run_id, event, seq)
-        if result.duplicate:
-            await self.space.give_back(run_id, JOURNAL_LOG, seq)
-        return result
+        fingerprint = event.fingerprint()
+        fields = event.to_record()
+        created, seq = await self.space.append_entry(
+            run_id,
+            JOURNAL_LOG,
+            journal_key(event),
+            lambda at: {"v": 1, "seq": at, "fp": fingerprint, **fields},
+            _ENTRY_KEEP,
+        )
+        return self._result(run_id, event, fingerprint, created, seq)
 
     @telemetry.traced("journal.append_many")
     async def append_many(self, run_id: str, events: Sequence[JournalEvent]) -> list[AppendResult]:
@@ -148,6 +158,12 @@ class Checkpointer(KVBackedStore):
         fingerprint = event.fingerprint()
         record: dict[str, Any] = {"v": 1, "seq": seq, "fp": fingerprint, **event.to_record()}
         created = await self.space.create_entry(run_id, journal_key(event), record, _ENTRY_KEEP)
+        return self._result(run_id, event, fingerprint, created, seq)
+
+    @staticmethod
+    def _result(
+        run_id: str, event: JournalEvent, fingerprint: str, created: Created, seq: int
+    ) -> AppendResult:
         if created.created:
             return AppendResult(seq=seq)
         stored = created.record

@@ -35,6 +35,7 @@ from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import Entry, KVStore
 from ..options import UNSET, renamed_option
 from .codec import canonical, decode_record, digest
+from .port import AppendRequest, JournalPort, KVJournalPort
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -129,7 +130,12 @@ class RunSpace:
     """Layout, TTL anchoring, position counters and chunked records for runs on one KV."""
 
     def __init__(
-        self, kv: KVStore, *, scope_prefix: str = DEFAULT_SCOPE_PREFIX, ttl: float | None = None
+        self,
+        kv: KVStore,
+        *,
+        scope_prefix: str = DEFAULT_SCOPE_PREFIX,
+        ttl: float | None = None,
+        port: JournalPort | None = None,
     ) -> None:
         if not isinstance(scope_prefix, str) or not scope_prefix:
             raise ValueError(f"scope_prefix must be a non-empty string, got {scope_prefix!r}")
@@ -138,6 +144,8 @@ class RunSpace:
         self.kv = kv
         self.scope_prefix = scope_prefix
         self.ttl = ttl
+        #: the backend's native journal port, or the generic one
+        self.port: JournalPort = port if port is not None else KVJournalPort()
         # run_id -> (absolute expiry or inf, monotonic time it was checked): presence means
         # "indexed, as far as this process knows".
         self._anchors: LRU[str, tuple[float, float]] = LRU(_CACHE_RUNS)
@@ -276,6 +284,84 @@ class RunSpace:
             detail=f"could not allocate a position in run {run_id!r} after {_MAX_ATTEMPTS} attempts",
             scope=scope,
             key=head_key,
+        )
+
+    async def append_entry(
+        self,
+        run_id: str,
+        log: str,
+        key: str,
+        make_record: Callable[[int], dict[str, Any]],
+        keep: Sequence[str],
+    ) -> tuple[Created, int]:
+        """Append the record ``make_record(position)`` to ``log`` under ``key`` unless ``key``
+        exists; returns the outcome and the position used (meaningless for a duplicate).
+
+        Generic: allocate a position (one CAS on the counter), create the entry, give the
+        position back on a duplicate. With an atomic port: counter and entry in one
+        transaction, one round trip when this process wrote the counter last.
+        """
+        if not self.port.atomic:
+            seq = await self.allocate(run_id, log)
+            created = await self.create_entry(run_id, key, make_record(seq), keep)
+            if not created.created:
+                await self.give_back(run_id, log, seq)
+            return created, seq
+        scope = self.scope(run_id)
+        head_key = f"head/{log}"
+        async with self._lock(run_id, log):
+            anchor = self._anchors.get(run_id)
+            stale = anchor is not None and time.monotonic() - anchor[1] > _ANCHOR_RECHECK
+            for attempt in range(_MAX_ATTEMPTS):
+                ttl = await self.write_ttl(run_id)
+                cached = self._heads.get((run_id, log))
+                version: str | None
+                if cached is None:
+                    entry = await self.kv.get(scope, head_key)
+                    if entry is None:
+                        if stale:
+                            # See allocate: a log starting long after the run was indexed
+                            # re-indexes it (another process may have deleted the run).
+                            stale = False
+                            self._anchors.pop(run_id)
+                            ttl = await self.write_ttl(run_id)
+                        first, version = 0, None
+                    else:
+                        first, version = self._decode_head(entry, scope), entry.version
+                else:
+                    first, version = cached
+                record = make_record(first)
+                value = await self.pack(run_id, record, keep, ttl)
+                try:
+                    outcome = await self.port.append(
+                        AppendRequest(
+                            scope,
+                            head_key,
+                            canonical({"next": first + 1}),
+                            version,
+                            key,
+                            value,
+                            ttl,
+                        )
+                    )
+                except ConflictError:
+                    self._heads.pop((run_id, log))
+                    await backoff(attempt)
+                    continue
+                if outcome.head_version is not None:
+                    self._heads.set((run_id, log), (first + 1, outcome.head_version))
+                if outcome.created_version is not None:
+                    return Created(True, record, outcome.created_version), first
+                existing = outcome.existing
+                if existing is None:
+                    existing = await self.kv.get(scope, key)  # appeared concurrently: read it
+                    if existing is None:  # pragma: no cover - deleted in between
+                        await backoff(attempt)
+                        continue
+                stored = decode_record(existing.value, what=f"{key!r} in run {run_id!r}")
+                return Created(False, stored, existing.version), first
+        raise ConflictError(  # pragma: no cover - needs hundreds of lost races in a row
+            detail=f"could not append to {log!r} of run {run_id!r}", scope=scope, key=head_key
         )
 
     async def give_back(self, run_id: str, log: str, first: int, count: int = 1) -> None:

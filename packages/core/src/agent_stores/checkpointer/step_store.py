@@ -41,6 +41,7 @@ from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from .codec import canonical, decode_record, digest
 from .errors import RunExistsError
+from .port import JournalPort
 from .space import (
     _BATCH,
     _CACHE_RUNS,
@@ -228,6 +229,7 @@ class KVStepStore(KVBackedStore):
         space: RunSpace | None = None,
         namespace: str = UNSET,
         ttl: float | None = UNSET,
+        port: JournalPort | None = None,
     ) -> None:
         _validate_max_snapshots(max_snapshots_per_run)
         self.kv = kv
@@ -239,6 +241,7 @@ class KVStepStore(KVBackedStore):
                 kv,
                 scope_prefix=scope_prefix_option("KVStepStore", scope_prefix, namespace),
                 ttl=renamed_option("KVStepStore", "ttl", ttl, "ttl_seconds", ttl_seconds),
+                port=port,
             )
         )
         self.max_snapshots_per_run = max_snapshots_per_run
@@ -368,14 +371,14 @@ class KVStepStore(KVBackedStore):
     @telemetry.traced("steps.append_event")
     async def append_event(self, event: StepEvent) -> None:
         """Append an event; a repeated ``idempotency_key`` within the run is suppressed."""
-        run_id = event.run_id
-        seq = await self.space.allocate(run_id, EVENTS_LOG)
-        record = {"v": 1, "seq": seq, "event": event_to_dict(event)}
-        created = await self.space.create_entry(
-            run_id, f"{EVENTS_LOG}/{_ident(event.idempotency_key)}", record, ("v", "seq")
+        data = event_to_dict(event)
+        await self.space.append_entry(
+            event.run_id,
+            EVENTS_LOG,
+            f"{EVENTS_LOG}/{_ident(event.idempotency_key)}",
+            lambda seq: {"v": 1, "seq": seq, "event": data},
+            ("v", "seq"),
         )
-        if not created.created:
-            await self.space.give_back(run_id, EVENTS_LOG, seq)
 
     @telemetry.traced("steps.list_events")
     async def list_events(self, *, run_id: str) -> list[StepEvent]:

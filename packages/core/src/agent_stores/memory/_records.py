@@ -64,6 +64,16 @@ class Receipt:
     existed: bool
     at: float
     """When it was written, on the KV store's clock (for collection)."""
+    _json: str | None = field(default=None, repr=False, compare=False)
+    """The JSON of :meth:`dump`, once computed: a receipt is kept (and re-written with its
+    file) up to ``max_receipts_per_file`` times, but encoded once."""
+
+    def json(self) -> str:
+        """``dump()`` as compact JSON (computed once per receipt)."""
+        if self._json is None:
+            object.__setattr__(self, "_json", json.dumps(self.dump(), separators=(",", ":")))
+        assert self._json is not None
+        return self._json
 
     def dump(self) -> list[Any]:
         return [
@@ -101,6 +111,20 @@ class FileRecord:
     """Encoded metadata (``encode_metadata``) when stored inline."""
     metadata_chunks: int = 0
     receipts: list[Receipt] = field(default_factory=list)
+    _encoding: bytes | None = field(default=None, repr=False, compare=False)
+
+    def encoded(self) -> bytes:
+        """:meth:`dump`, computed once: the size check and the write use the same bytes.
+
+        Call :meth:`forget_encoding` after changing a field.
+        """
+        if self._encoding is None:
+            self._encoding = self.dump()
+        return self._encoding
+
+    def forget_encoding(self) -> None:
+        """Drop the kept encoding (after a field changed)."""
+        self._encoding = None
 
     def dump(self) -> bytes:
         obj: dict[str, Any] = {"f": FORMAT, "s": 1 if self.live else 0}
@@ -119,9 +143,11 @@ class FileRecord:
                 obj["mc"] = self.metadata_chunks
             if self.token is not None:
                 obj["t"] = self.token
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
         if self.receipts:
-            obj["r"] = [r.dump() for r in self.receipts]
-        return encode_text(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+            # Receipts are appended as their kept JSON (the same bytes ``"r": [...]`` gives).
+            text = text[:-1] + ',"r":[' + ",".join(r.json() for r in self.receipts) + "]}"
+        return encode_text(text)
 
     @classmethod
     def load(cls, raw: bytes, *, where: str) -> FileRecord:

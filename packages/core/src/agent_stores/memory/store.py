@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from ._records import (
     parse_chunk_key,
     split_utf8,
 )
+from .port import FileWrite, IndexWrite, KVMemoryPort, MemoryPort
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +73,8 @@ MIN_RECORD_BYTES = 1024
 _MAX_CAS_ROUNDS = 64
 # A reader that finds the chunks of the version it read already replaced re-reads the record.
 _MAX_READ_ROUNDS = 16
-_MARKER_VALUE = b"{}"
+# Paths whose last seen record a store remembers (for writes without a read first).
+_KNOWN_RECORDS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,10 @@ class KVMemoryStore(KVBackedStore):
         page_size: keys read per scan page.
         chunk_grace_seconds: seconds before an unreferenced chunk (left by a crash) may be
             collected by :meth:`collect_garbage` (``chunk_grace`` is its deprecated name).
+        port: the backend's native :class:`~agent_stores.memory.port.MemoryPort` (record,
+            receipt index and directory markers in one transaction); None: the generic
+            :class:`~agent_stores.memory.port.KVMemoryPort`. Backends pass it from their
+            ``memory_store`` hook.
     """
 
     def __init__(
@@ -129,6 +136,7 @@ class KVMemoryStore(KVBackedStore):
         chunk_grace_seconds: float = DEFAULT_CHUNK_GRACE,
         receipt_ttl: float = UNSET,
         chunk_grace: float = UNSET,
+        port: MemoryPort | None = None,
     ) -> None:
         receipt_ttl = renamed_option(
             "KVMemoryStore", "receipt_ttl", receipt_ttl, "receipt_ttl_seconds", receipt_ttl_seconds
@@ -160,6 +168,10 @@ class KVMemoryStore(KVBackedStore):
         # Directories whose markers this process has seen written: creating a file in one
         # costs no marker writes after the first time.
         self._known_dirs: set[str] = set()
+        self._port: MemoryPort = port if port is not None else KVMemoryPort(kv)
+        # The record last written or read per path, with its KV version: on an atomic port
+        # a write that expects it goes straight to the one transaction (no read first).
+        self._known: OrderedDict[str, tuple[str, FileRecord]] = OrderedDict()
         #: Records listings and searches skipped because they cannot be decoded.
         self.problems = ProblemLog("memory")
 
@@ -184,10 +196,12 @@ class KVMemoryStore(KVBackedStore):
         loc = self._locate(path)
         previous_token: str | None = None
         for _ in range(_MAX_READ_ROUNDS):
-            entry = await self.kv.get(loc.scope, loc.name)
+            entry = await self._port.read(loc.scope, loc.name)
             record = self._decode(entry, loc)
             if record is None or not record.live:
                 return None
+            assert entry is not None
+            self._remember(loc.path, entry.version, record)
             fetched = await self._fetch(loc.scope, [(loc.name, record)], max_chars, metadata=True)
             if loc.name in fetched:
                 content, metadata = fetched[loc.name]
@@ -440,6 +454,14 @@ class KVMemoryStore(KVBackedStore):
         staged: _Staged | None = None
         landed = False
         try:
+            if self._port.atomic and not delete:
+                assert content is not None
+                fast, staged = await self._predicted_write(
+                    loc, content, metadata, expected_version, operation
+                )
+                if fast is not None:
+                    landed = True
+                    return fast
             for _ in range(_MAX_CAS_ROUNDS):
                 entry, indexed = await self._load(loc, operation)
                 try:
@@ -493,23 +515,21 @@ class KVMemoryStore(KVBackedStore):
                         loc, content, metadata, version, operation, receipts, staged, now
                     )
                     ttl = None
-                    if not live:
-                        await self._ensure_directories(loc.directory)
+                markers = [] if live or delete else self._missing_markers(loc.directory)
                 try:
-                    if entry is None:
-                        await self.kv.create(loc.scope, loc.name, new_record.dump(), ttl=ttl)
-                    else:
-                        await self.kv.replace(
-                            loc.scope,
-                            loc.name,
-                            new_record.dump(),
-                            expected_version=entry.version,
-                            ttl=ttl,
-                        )
+                    await self._write(
+                        loc,
+                        new_record,
+                        None if entry is None else entry.version,
+                        ttl,
+                        operation,
+                        mutation,
+                        markers,
+                    )
                 except ConflictError:
                     continue  # another writer got there first: re-read and decide again
                 landed = True
-                await self._after_landing(loc, record, new_record, operation, mutation)
+                await self._after_landing(loc, record, new_record)
                 return mutation
             raise MemoryConflictError(f"memory path {loc.path!r} kept changing; giving up")
         except (MemoryConflictError, MemoryOperationConflictError):
@@ -517,6 +537,97 @@ class KVMemoryStore(KVBackedStore):
             if staged is not None and not landed:
                 await self._discard(loc.scope, _staged_keys(loc.name, staged))
             raise
+
+    async def _predicted_write(
+        self,
+        loc: _Location,
+        content: str,
+        metadata: str | None,
+        expected_version: str | None,
+        operation: MemoryOperation | None,
+    ) -> tuple[MemoryMutation | None, _Staged | None]:
+        """On an atomic port, write without reading first when the outcome is predictable:
+        a create (nothing expected), or a replace of the record this store last saw.
+
+        The port's transaction checks everything the read would have (the record's
+        version, the index entry's absence); when the prediction was wrong it writes
+        nothing and the caller reads and decides as usual. Returns the mutation (None:
+        not attempted or refused) and the chunks staged for a large file (reused).
+        """
+        known = self._known.get(loc.path)
+        if expected_version is None:
+            record: FileRecord | None = None
+            entry_version: str | None = None
+            if known is not None and known[1].live:
+                return None, None  # it exists: the usual path reports the conflict
+        elif known is not None and known[1].live and known[1].version == expected_version:
+            entry_version, record = known
+        else:
+            return None, None
+        if (
+            operation is not None
+            and record is not None
+            and record.find_receipt(digest(operation.id)) is not None
+        ):
+            return None, None  # a replay: the usual path answers it
+        now = self.kv.clock()
+        version = new_version()
+        live = record is not None
+        mutation = MemoryMutation(version=version, replayed=False, existed=live)
+        receipts = self._kept_receipts(record, now)
+        if operation is not None:
+            receipts.append(
+                Receipt(digest(operation.id), digest(operation.fingerprint), version, live, now)
+            )
+        new_record, staged = await self._live_record(
+            loc, content, metadata, version, operation, receipts, None, now
+        )
+        markers = [] if live else self._missing_markers(loc.directory)
+        try:
+            await self._write(loc, new_record, entry_version, None, operation, mutation, markers)
+        except ConflictError:
+            self._known.pop(loc.path, None)
+            return None, staged
+        await self._after_landing(loc, record, new_record)
+        return mutation, staged
+
+    async def _write(
+        self,
+        loc: _Location,
+        record: FileRecord,
+        entry_version: str | None,
+        ttl: float | None,
+        operation: MemoryOperation | None,
+        mutation: MemoryMutation,
+        markers: list[tuple[str, str, str]],
+    ) -> None:
+        """The record, its receipt index entry and missing directory markers, through the port."""
+        index: IndexWrite | None = None
+        if operation is not None:
+            scope, key = self._index_key(operation)
+            entry = IndexEntry(
+                digest(operation.fingerprint), mutation.version, mutation.existed, loc.path
+            )
+            index = IndexWrite(scope, key, entry.dump(), self._receipt_ttl)
+        version = await self._port.write(
+            FileWrite(
+                loc.scope,
+                loc.name,
+                record.encoded(),
+                entry_version,
+                ttl,
+                index,
+                [(scope, key) for _, scope, key in markers],
+            )
+        )
+        self._known_dirs.update(full for full, _, _ in markers)
+        self._remember(loc.path, version, record)
+
+    def _remember(self, path: str, version: str, record: FileRecord) -> None:
+        self._known[path] = (version, record)
+        self._known.move_to_end(path)
+        if len(self._known) > _KNOWN_RECORDS:
+            self._known.popitem(last=False)
 
     async def _load(
         self, loc: _Location, operation: MemoryOperation | None
@@ -564,7 +675,8 @@ class KVMemoryStore(KVBackedStore):
         return fresh[-(self._max_receipts - 1) :] if self._max_receipts > 1 else []
 
     def _fits(self, record: FileRecord) -> bool:
-        return len(record.dump()) <= self._record_bytes
+        # The encoding is kept on the record: the write sends these very bytes.
+        return len(record.encoded()) <= self._record_bytes
 
     def _fit_receipts(self, record: FileRecord) -> list[Receipt]:
         """Drop the oldest receipts until the record fits (the newest always stays)."""
@@ -572,6 +684,7 @@ class KVMemoryStore(KVBackedStore):
         while len(receipts) > 1 and not self._fits(record):
             receipts.pop(0)
             record.receipts = receipts
+            record.forget_encoding()
         return receipts
 
     async def _live_record(
@@ -664,10 +777,11 @@ class KVMemoryStore(KVBackedStore):
         staged.content_written = staged.content_written or content
         staged.metadata_written = staged.metadata_written or metadata
 
-    async def _ensure_directories(self, directory: str) -> None:
-        """Make every ancestor list ``directory`` as a sub-directory, so listing finds it."""
+    def _missing_markers(self, directory: str) -> list[tuple[str, str, str]]:
+        """``(directory, scope, key)`` of the markers that make ``directory`` listable and
+        that this process has not seen written yet."""
         if not directory or directory in self._known_dirs:
-            return
+            return []
         parts = directory.split("/")
         missing: list[tuple[str, str, str]] = []
         for depth in range(len(parts)):
@@ -675,32 +789,12 @@ class KVMemoryStore(KVBackedStore):
             if full not in self._known_dirs:
                 parent = "/".join(parts[:depth])
                 missing.append((full, self._scope(parent), parts[depth] + MARKER_SUFFIX))
+        return missing
 
-        async def mark(scope: str, key: str) -> None:
-            try:
-                await self.kv.create(scope, key, _MARKER_VALUE)
-            except ConflictError:
-                pass  # already marked
-
-        await asyncio.gather(*(mark(scope, key) for _, scope, key in missing))
-        self._known_dirs.update(full for full, _, _ in missing)
-
-    async def _after_landing(
-        self,
-        loc: _Location,
-        old: FileRecord | None,
-        new: FileRecord,
-        operation: MemoryOperation | None,
-        mutation: MemoryMutation,
-    ) -> None:
-        """Index the receipt and drop the replaced version's chunks; both only best effort."""
-        stale: list[str] = []
+    async def _after_landing(self, loc: _Location, old: FileRecord | None, new: FileRecord) -> None:
+        """Drop the replaced version's chunks (best effort; the port wrote the index)."""
         if old is not None and old.live and old.token and old.token != new.token:
-            stale = old.all_chunk_keys(loc.name)
-        jobs = [self._discard(loc.scope, stale)]
-        if operation is not None:
-            jobs.append(self._write_index(operation, loc.path, mutation))
-        await asyncio.gather(*jobs)
+            await self._discard(loc.scope, old.all_chunk_keys(loc.name))
 
     async def _write_index(
         self, operation: MemoryOperation, path: str, mutation: MemoryMutation

@@ -1,0 +1,167 @@
+"""The native ports of the SQLite backend: each store write is one ``BEGIN IMMEDIATE``
+transaction (one job on the worker thread, one commit) instead of one autocommit job per
+KV call.
+
+* memory — the record, its receipt index entry and the directory markers together
+  (:class:`SQLiteMemoryPort`, atomic);
+* sessions — new history chunks and the fenced state together (:class:`SQLiteSessionPort`;
+  the acquire stays the generic one);
+* checkpointer — the position counter and the entry together (:class:`SQLiteJournalPort`).
+
+The builtin plugin hands them to the core stores through the ``*_store`` hooks.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..checkpointer.port import AppendOutcome, AppendRequest
+from ..errors import ConflictError
+from ..kv.base import Entry
+from ..memory.port import MARKER_VALUE, FileWrite
+from ..sessions.port import GENERIC, AcquireReply, AcquireRequest, SaveRequest
+from ..sessions.records import STATE_KEY
+from .sqlite import SQLiteKV
+
+
+class SQLiteMemoryPort:
+    """:class:`~agent_stores.memory.port.MemoryPort` on :class:`SQLiteKV`: one transaction a write."""
+
+    atomic = True
+
+    def __init__(self, kv: SQLiteKV) -> None:
+        self.kv = kv
+
+    async def read(self, scope: str, key: str) -> Entry | None:
+        """``kv.get``."""
+        return await self.kv.get(scope, key)
+
+    async def write(self, write: FileWrite) -> str:
+        """Index absent → record CAS → index → markers, all in one transaction."""
+        kv = self.kv
+        now = kv.clock()
+        record_expiry = None if write.ttl is None else now + write.ttl
+        index = write.index
+        if index is not None:
+            kv._check_value(index.scope, index.key, index.value)
+        kv._check_value(write.scope, write.key, write.value)
+
+        def op(c: sqlite3.Connection) -> str:
+            if index is not None and kv.live_version_in(c, index.scope, index.key, now):
+                raise ConflictError("operation already indexed", scope=index.scope, key=index.key)
+            if write.expected_version is None:
+                version = kv.create_in(c, write.scope, write.key, write.value, record_expiry, now)
+            else:
+                version = kv.replace_in(
+                    c,
+                    write.scope,
+                    write.key,
+                    write.value,
+                    write.expected_version,
+                    record_expiry,
+                    now,
+                )
+            if version is None:
+                raise ConflictError("record changed", scope=write.scope, key=write.key)
+            if index is not None:
+                expiry = None if index.ttl is None else now + index.ttl
+                kv.create_in(c, index.scope, index.key, index.value, expiry, now)
+            for scope, key in write.markers:
+                kv.create_in(c, scope, key, MARKER_VALUE, None, now)  # None: already marked
+            return version
+
+        return await kv.transaction(op)
+
+
+class SQLiteSessionPort:
+    """:class:`~agent_stores.sessions.port.SessionPort` on :class:`SQLiteKV`: the save's chunks
+    and state in one transaction; the acquire is the generic one."""
+
+    def __init__(self, kv: SQLiteKV) -> None:
+        self.kv = kv
+
+    async def acquire(self, request: AcquireRequest) -> AcquireReply:
+        """``GENERIC``: the core's get + CAS (two jobs on a local file)."""
+        return GENERIC
+
+    async def save(self, request: SaveRequest) -> str:
+        """Chunk parts and the fenced state swap in one transaction."""
+        kv = self.kv
+        now = kv.clock()
+        state_expiry = None if request.ttl_seconds is None else now + request.ttl_seconds
+        kv._check_value(request.scope, STATE_KEY, request.state)
+        parts = [
+            (f"{chunk.key}/{i}", bytes(part), chunk.expires_at)
+            for chunk in request.chunks
+            for i, part in enumerate(chunk.parts)
+        ]
+        for key, part, _ in parts:
+            kv._check_value(request.scope, key, part)
+
+        def op(c: sqlite3.Connection) -> str:
+            for key, part, expiry in parts:
+                if kv.create_in(c, request.scope, key, part, expiry, now) is None:
+                    raise ConflictError("chunk exists", scope=request.scope, key=key)
+            version = kv.replace_in(
+                c,
+                request.scope,
+                STATE_KEY,
+                request.state,
+                request.expected_version,
+                state_expiry,
+                now,
+            )
+            if version is None:
+                raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
+            return version
+
+        return await kv.transaction(op)
+
+
+class SQLiteJournalPort:
+    """:class:`~agent_stores.checkpointer.port.JournalPort` on :class:`SQLiteKV`: counter and
+    entry in one transaction."""
+
+    atomic = True
+
+    def __init__(self, kv: SQLiteKV) -> None:
+        self.kv = kv
+
+    async def append(self, request: AppendRequest) -> AppendOutcome:
+        """See :meth:`~agent_stores.checkpointer.port.JournalPort.append`."""
+        kv = self.kv
+        now = kv.clock()
+        expiry = None if request.ttl is None else now + request.ttl
+        kv._check_value(request.scope, request.key, request.value)
+
+        def op(c: sqlite3.Connection) -> AppendOutcome:
+            row = c.execute(
+                "SELECT value, version FROM agent_stores_kv WHERE scope = ? AND key = ? "
+                "AND (expires_at IS NULL OR expires_at > ?)",
+                (request.scope, request.key, now),
+            ).fetchone()
+            if row is not None:
+                return AppendOutcome(None, None, Entry(bytes(row[0]), str(row[1]), None))
+            if request.head_version is None:
+                head = kv.create_in(
+                    c, request.scope, request.head_key, request.head_value, expiry, now
+                )
+            else:
+                head = kv.replace_in(
+                    c,
+                    request.scope,
+                    request.head_key,
+                    request.head_value,
+                    request.head_version,
+                    expiry,
+                    now,
+                )
+            if head is None:
+                raise ConflictError(
+                    "position counter moved", scope=request.scope, key=request.head_key
+                )
+            version = kv.create_in(c, request.scope, request.key, request.value, expiry, now)
+            assert version is not None  # checked absent under the write lock
+            return AppendOutcome(version, head, None)
+
+        return await kv.transaction(op)

@@ -1,0 +1,80 @@
+"""The native port of the checkpointer: appending an entry to a run's log in one commit.
+
+Every append to a run's journal or step-event log is two writes: advance the log's
+position counter (``head/<log>``) by one CAS, and create the entry under its idempotency
+key (a duplicate is found, not written). The generic path does them one after the other
+with KV primitives (and gives the position back on a duplicate). A backend with
+transactions implements :class:`JournalPort` with ``atomic = True`` and does both in one
+transaction, and hands it to :class:`~agent_stores.checkpointer.Checkpointer` (or
+:class:`~agent_stores.checkpointer.KVStepStore`) from its ``checkpointer`` hook::
+
+    @hookimpl
+    def checkpointer(url, kv, options):
+        if isinstance(kv, MyKV):
+            return Checkpointer(kv, port=MyJournalPort(kv), **options)
+        return None
+
+Positions, idempotency, chunking of large records, TTL anchoring and replay stay in the
+core and run unchanged over every port.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..kv.base import Entry
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """Advance ``head_key`` and create ``key``, unless ``key`` already exists."""
+
+    scope: str
+    #: the log's position counter and its new value
+    head_key: str
+    head_value: bytes
+    #: the counter's current version; None: the counter must be absent (a new log)
+    head_version: str | None
+    #: the entry (idempotency key) and its bytes
+    key: str
+    value: bytes
+    #: TTL of both writes (None: no expiry)
+    ttl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    """What :meth:`JournalPort.append` did."""
+
+    #: the entry's version when this call created it; None when it did not
+    created_version: str | None
+    #: the counter's new version when it was advanced (even if the entry then turned out
+    #: to exist: a concurrent append created it; the position stays a gap)
+    head_version: str | None
+    #: the entry already stored under ``key``, when known (None: read it back)
+    existing: Entry | None
+
+
+@runtime_checkable
+class JournalPort(Protocol):
+    """The checkpointer operation a backend may implement natively."""
+
+    #: True when :meth:`append` is one transaction (the core then uses it for appends)
+    atomic: bool
+
+    async def append(self, request: AppendRequest) -> AppendOutcome:
+        """If ``key`` exists, return it and write nothing; else advance the counter (its
+        condition failing raises ConflictError, nothing written) and create ``key``."""
+        ...
+
+
+class KVJournalPort:
+    """The default: not atomic, so the core allocates a position with one CAS on the counter
+    and then creates the entry (giving the position back on a duplicate)."""
+
+    atomic = False
+
+    async def append(self, request: AppendRequest) -> AppendOutcome:  # pragma: no cover
+        """Never called: the core runs its generic two-step algorithm instead."""
+        raise NotImplementedError("the generic journal port appends through RunSpace")

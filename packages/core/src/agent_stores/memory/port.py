@@ -1,0 +1,138 @@
+"""The native port of the memory store: writing a file record with its receipt, and reading it.
+
+A memory write is one conditional write of the file's record (which carries the
+operation's receipt), the global receipt index entry that ``get_operation`` reads, and,
+for a file in a new directory, the directory markers that make it listable. The generic
+:class:`KVMemoryPort` does these with KV primitives in that order (markers, record CAS,
+index); a backend with transactions implements :class:`MemoryPort` with
+``atomic = True`` and does all of them in one transaction (one commit), and hands it to
+:class:`~agent_stores.memory.KVMemoryStore` from its ``memory_store`` hook::
+
+    @hookimpl
+    def memory_store(url, kv, options):
+        if isinstance(kv, MyKV):
+            return KVMemoryStore(kv, port=MyMemoryPort(kv), **options)
+        return None
+
+Everything else — receipts, replay, conflicts, chunking, listing, search — stays in the
+core and runs unchanged over every port.
+
+An atomic port lets the store skip reading the record before a write it can predict (the
+store remembers the record it last wrote or read, and a create expects nothing): if the
+prediction was wrong the write fails as a whole and the store reads and decides again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..errors import ConflictError
+from ..kv.base import Entry, KVStore
+
+logger = logging.getLogger("agent_stores.memory")
+
+#: The value of a directory marker.
+MARKER_VALUE = b"{}"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexWrite:
+    """The receipt index entry of a write: created only if absent (or expired)."""
+
+    scope: str
+    key: str
+    value: bytes
+    ttl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileWrite:
+    """One memory mutation as the port applies it."""
+
+    scope: str
+    key: str
+    #: the record's bytes
+    value: bytes
+    #: the record's current KV version; None: the record must be absent (or expired)
+    expected_version: str | None
+    #: the record's TTL (tombstones expire; live files do not)
+    ttl: float | None
+    #: the receipt index entry, when the write has an operation
+    index: IndexWrite | None
+    #: directory markers ``(scope, key)`` to create if absent (value :data:`MARKER_VALUE`)
+    markers: Sequence[tuple[str, str]]
+
+
+@runtime_checkable
+class MemoryPort(Protocol):
+    """The memory operations a backend may implement natively."""
+
+    #: True when :meth:`write` applies record, index and markers all-or-nothing, failing
+    #: (ConflictError) when the index entry already exists.
+    atomic: bool
+
+    async def read(self, scope: str, key: str) -> Entry | None:
+        """The record at ``(scope, key)`` (a live entry), or None."""
+        ...
+
+    async def write(self, write: FileWrite) -> str:
+        """Apply ``write``; the record's new KV version, or ConflictError when its
+        condition (or, on an atomic port, the index's absence) does not hold."""
+        ...
+
+
+class KVMemoryPort:
+    """The default port on any KV store: markers, then the record's CAS, then the index.
+
+    Not atomic: the index is written after the record (its loss is repaired by the next
+    replay, the record's receipt being authoritative), and an index entry that already
+    exists is left as it is (a concurrent replay wrote it).
+    """
+
+    atomic = False
+
+    def __init__(self, kv: KVStore) -> None:
+        self.kv = kv
+
+    async def read(self, scope: str, key: str) -> Entry | None:
+        """``kv.get``."""
+        return await self.kv.get(scope, key)
+
+    async def write(self, write: FileWrite) -> str:
+        """Markers (in parallel), the record's create or replace, then the index entry."""
+        if write.markers:
+            await asyncio.gather(*(self._mark(scope, key) for scope, key in write.markers))
+        if write.expected_version is None:
+            version = await self.kv.create(write.scope, write.key, write.value, ttl=write.ttl)
+        else:
+            version = await self.kv.replace(
+                write.scope,
+                write.key,
+                write.value,
+                expected_version=write.expected_version,
+                ttl=write.ttl,
+            )
+        if write.index is not None:
+            await self._index(write.index)
+        return version
+
+    async def _mark(self, scope: str, key: str) -> None:
+        try:
+            await self.kv.create(scope, key, MARKER_VALUE)
+        except ConflictError:
+            pass  # already marked
+
+    async def _index(self, index: IndexWrite) -> None:
+        try:
+            await self.kv.create(index.scope, index.key, index.value, ttl=index.ttl)
+        except ConflictError:
+            pass  # a concurrent replay indexed it already
+        except Exception as exc:
+            # The receipt in the file record stays authoritative; the next replay repairs this.
+            logger.warning(
+                "memory receipt index write failed (%s); the file record keeps the receipt", exc
+            )

@@ -1,0 +1,236 @@
+"""The SQLite native ports: the contracts on them, and one transaction per store write.
+
+Transactions are counted from SQLite's own statement trace (``set_trace_callback`` on the
+store's connection), never timed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from agent_stores import KVStore, connect, open_kv
+from agent_stores.backends.sqlite import SQLiteKV
+from agent_stores.backends.sqlite_ports import (
+    SQLiteJournalPort,
+    SQLiteMemoryPort,
+    SQLiteSessionPort,
+)
+from agent_stores.checkpointer import Checkpointer, JournalEvent
+from agent_stores.memory import KVMemoryStore
+from agent_stores.memory._harness import MemoryOperation
+from agent_stores.sessions import SessionStore
+from agent_stores_contract import CheckpointerContract, MemoryContract, SessionContract
+from agent_stores_contract.base import KVFactory
+from agent_stores_contract.checkpointer import CheckpointerFactory
+from agent_stores_contract.memory import MemoryFactory
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+
+class SQLiteURL:
+    @pytest.fixture
+    def store_url(self, tmp_path: Path) -> str:
+        return f"sqlite:///{tmp_path}/native.db?max_value_bytes=16384"
+
+
+class TestSQLiteSessionsNative(SQLiteURL, SessionContract):
+    """The session contract on SQLite through the hook (the SQLite port)."""
+
+
+class TestSQLiteMemoryNative(SQLiteURL, MemoryContract):
+    """The memory contract on SQLite through the native port (a write in one transaction)."""
+
+    @pytest.fixture
+    def memory_factory(self, memory_prefix: str) -> MemoryFactory:
+        def make(kv: KVStore, **options: Any) -> KVMemoryStore:
+            port = SQLiteMemoryPort(kv) if isinstance(kv, SQLiteKV) else None
+            return KVMemoryStore(kv, port=port, **{"scope_prefix": memory_prefix, **options})
+
+        return make
+
+
+class TestSQLiteCheckpointerNative(SQLiteURL, CheckpointerContract):
+    """The checkpointer contract on SQLite through the native port (an append in one transaction)."""
+
+    @pytest.fixture
+    def kv_factory(self, store_url: str) -> KVFactory:
+        return lambda: open_kv(store_url)
+
+    @pytest_asyncio.fixture
+    async def checkpointer_factory(
+        self, kv_factory: KVFactory, ns: str
+    ) -> AsyncIterator[CheckpointerFactory]:
+        opened: list[Checkpointer] = []
+
+        def make(kv: KVStore | None = None, **options: Any) -> Checkpointer:
+            kv = kv if kv is not None else kv_factory()
+            port = SQLiteJournalPort(kv) if isinstance(kv, SQLiteKV) else None
+            checkpointer = Checkpointer(
+                kv, owns_kv=True, scope_prefix=f"{ns}/", port=port, **options
+            )
+            opened.append(checkpointer)
+            return checkpointer
+
+        try:
+            yield make
+        finally:
+            for checkpointer in opened:
+                await checkpointer.aclose()
+
+
+# -- one transaction per write -----------------------------------------------------------------
+
+
+class Trace:
+    """SQLite's statement trace of one store connection."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    async def attach(self, kv: SQLiteKV) -> None:
+        await kv.transaction(lambda c: c.set_trace_callback(self.statements.append))
+        self.statements.clear()
+
+    def transactions(self) -> int:
+        """Committed transactions: explicit ones plus writes run outside them (autocommit)."""
+        count = 0
+        inside = False
+        for statement in self.statements:
+            word = statement.strip().split()[0].upper()
+            if word == "BEGIN":
+                inside = True
+            elif word in ("COMMIT", "END"):
+                inside = False
+                count += 1
+            elif not inside and word in ("INSERT", "UPDATE", "DELETE", "REPLACE"):
+                count += 1
+        return count
+
+    def writes_outside_transactions(self) -> list[str]:
+        out: list[str] = []
+        inside = False
+        for statement in self.statements:
+            word = statement.strip().split()[0].upper()
+            if word == "BEGIN":
+                inside = True
+            elif word in ("COMMIT", "END", "ROLLBACK"):
+                inside = False
+            elif not inside and word in ("INSERT", "UPDATE", "DELETE", "REPLACE"):
+                out.append(statement)
+        return out
+
+
+@pytest_asyncio.fixture
+async def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/{uuid.uuid4().hex[:8]}.db"
+
+
+async def test_memory_write_is_one_transaction(sqlite_url: str) -> None:
+    """A create in a new directory and each replace with a receipt: one BEGIN IMMEDIATE … COMMIT."""
+    async with connect(sqlite_url) as conn:
+        memory = conn.memory()
+        kv = conn.kv
+        assert isinstance(kv, SQLiteKV)
+        trace = Trace()
+        await trace.attach(kv)
+        created = await memory.write(
+            "u/deep/a.md", "v0", expected_version=None, operation=MemoryOperation("op0", "f0")
+        )
+        assert trace.transactions() == 1 and trace.writes_outside_transactions() == []
+        version = created.version
+        for i in range(1, 5):
+            trace.statements.clear()
+            done = await memory.write(
+                "u/deep/a.md",
+                f"v{i}",
+                expected_version=version,
+                operation=MemoryOperation(f"op{i}", f"f{i}"),
+            )
+            assert trace.transactions() == 1, trace.statements
+            version = done.version
+        # Everything a write promises holds: listing, receipts, the index.
+        assert await memory.list_paths("u/", limit=10) == ["u/deep/a.md"]
+        found = await memory.get_operation(MemoryOperation("op4", "f4"))
+        assert found is not None and found.version == version
+        replay = await memory.write(
+            "u/deep/a.md", "v4", expected_version="stale", operation=MemoryOperation("op4", "f4")
+        )
+        assert replay.replayed and replay.version == version
+
+
+async def test_step_append_is_one_transaction(sqlite_url: str) -> None:
+    async with connect(sqlite_url) as conn:
+        checkpointer = conn.checkpointer()
+        kv = conn.kv
+        assert isinstance(kv, SQLiteKV)
+        await checkpointer.append("r", JournalEvent(step_id="000001-model", payload=1))
+        trace = Trace()
+        await trace.attach(kv)
+        for i in range(2, 12):
+            trace.statements.clear()
+            result = await checkpointer.append(
+                "r", JournalEvent(step_id=f"{i:06d}-model", payload=i)
+            )
+            assert result.seq == i - 1 and not result.duplicate
+            assert trace.transactions() == 1, trace.statements
+        again = await checkpointer.append("r", JournalEvent(step_id="000003-model", payload=3))
+        assert again.duplicate and again.seq == 2
+        state = await checkpointer.load("r")
+        assert [e.seq for e in state.entries] == list(range(11))
+
+
+def pair(i: int) -> list[Any]:
+    return [
+        ModelRequest(parts=[UserPromptPart(f"q{i} " + "x" * 300)]),
+        ModelResponse(parts=[TextPart(f"a{i} " + "y" * 300)]),
+    ]
+
+
+async def test_session_save_is_one_transaction(sqlite_url: str) -> None:
+    """Saves that spill chunks write them with the state in one transaction."""
+    async with connect(sqlite_url) as conn:
+        sessions = conn.sessions(tail_bytes=600)
+        assert isinstance(sessions.storage.port, SQLiteSessionPort)
+        kv = conn.kv
+        assert isinstance(kv, SQLiteKV)
+        trace = Trace()
+        await trace.attach(kv)
+        for i in range(6):
+            async with sessions.turn("s") as session:
+                trace.statements.clear()
+                session.replace([*session.messages, *pair(i)])
+            await sessions.storage.drain()
+            saves = [s for s in trace.statements if s.upper().startswith("BEGIN")]
+            assert len(saves) == 1 and trace.writes_outside_transactions() == [
+                s for s in trace.writes_outside_transactions() if s.upper().startswith("DELETE")
+            ]
+        info = await sessions.inspect("s")
+        assert info is not None and info.chunk_count >= 1 and info.message_count == 12
+        await sessions.aclose()
+
+
+async def test_generic_port_on_sqlite_still_passes_the_basics(sqlite_url: str) -> None:
+    """The generic stores on the same file (no port) read what the native ones wrote."""
+    async with connect(sqlite_url) as conn:
+        await conn.memory().write("a.md", "x", expected_version=None)
+        generic = KVMemoryStore(conn.kv)
+        found = await generic.read("a.md", max_chars=10)
+        assert found is not None and found.content == "x"
+        store = SessionStore(conn.kv)
+        async with store.turn("g") as session:
+            session.replace(pair(0))
+        async with conn.sessions() as native, native.turn("g") as session:
+            assert len(session.messages) == 2
+        await store.aclose()
+
+
+def test_trace_counts_autocommit_writes() -> None:
+    trace = Trace()
+    trace.statements = ["INSERT INTO t VALUES (1)", "BEGIN IMMEDIATE", "UPDATE t", "COMMIT"]
+    assert trace.transactions() == 2
+    assert sqlite3.sqlite_version
