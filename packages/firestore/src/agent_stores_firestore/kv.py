@@ -11,10 +11,11 @@ An entry document holds ``value`` (bytes), ``nonce`` (random per write), and whe
 expires ``expires_at`` (float, the core's clock) and ``gc_at`` (a timestamp for a TTL
 policy, garbage collection only).
 
-Versions are the document's update time, plus its expiry, rendered opaquely. Firestore
-serializes the writes of one document, so its update times strictly increase, across a
-delete and a re-create too; the random ``nonce`` makes every write change the document,
-because Firestore keeps the update time of a write that changes nothing. Every
+Versions are the document's update time, the write's random ``nonce`` and the expiry,
+rendered opaquely. Firestore serializes the writes of one document, so its update times
+strictly increase, across a delete and a re-create too; the ``nonce`` makes every write
+change the document (Firestore keeps the update time of a write that changes nothing)
+and versions unique across documents (the writes of one commit share its timestamp). Every
 conditional write is one server-side precondition: ``create`` (exists=false), an update
 or delete with ``last_update_time``, and ``commit`` one batch with a precondition per
 write. The expiry inside the version lets ``replace``/``delete`` refuse an expired entry
@@ -33,6 +34,7 @@ import datetime as dt
 import functools
 import os
 import random
+import secrets
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -57,7 +59,6 @@ from agent_stores.kv.base import (
     Operation,
     Replace,
     ScanItem,
-    new_version,
     prefix_upper_bound,
 )
 from agent_stores.url import StoreURL, redact
@@ -187,10 +188,19 @@ def _conflict_types() -> tuple[type[Exception], ...]:
     return (gex.AlreadyExists, gex.FailedPrecondition, gex.NotFound)
 
 
-def render_version(update_time: Any, expires_at: float | None) -> str:
-    """The opaque version of a document: update time (seconds.nanos) and expiry."""
+def new_nonce() -> str:
+    """A random tag for one write (64 bits): part of the version, and proof of authorship."""
+    return secrets.token_hex(8)
+
+
+def render_version(update_time: Any, nonce: str, expires_at: float | None) -> str:
+    """The opaque version of a document: update time (seconds.nanos), write nonce, expiry.
+
+    The nonce keeps versions unique across documents too: the writes of one commit share
+    its timestamp, and so may independent commits.
+    """
     stamp = update_time.timestamp_pb()
-    base = f"{stamp.seconds}.{stamp.nanos:09d}"
+    base = f"{stamp.seconds}.{stamp.nanos:09d}.{nonce}"
     return base if expires_at is None else f"{base}~{expires_at!r}"
 
 
@@ -200,14 +210,13 @@ def parse_version(version: str) -> tuple[Any, float | None] | None:
     from proto.datetime_helpers import DatetimeWithNanoseconds  # type: ignore[import-untyped]
 
     stamp, _, expiry = version.partition("~")
-    seconds, dot, nanos = stamp.partition(".")
-    if not dot or not seconds.isdigit() or not nanos.isdigit() or len(nanos) != 9:
+    parts = stamp.split(".")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or len(parts[1]) != 9:
         return None
+    seconds, nanos = int(parts[0]), int(parts[1])
     try:
         expires_at = float(expiry) if expiry else None
-        when = DatetimeWithNanoseconds.from_timestamp_pb(
-            Timestamp(seconds=int(seconds), nanos=int(nanos))
-        )
+        when = DatetimeWithNanoseconds.from_timestamp_pb(Timestamp(seconds=seconds, nanos=nanos))
     except (ValueError, OverflowError):
         return None
     return when, expires_at
@@ -390,7 +399,11 @@ class FirestoreKV(KVStore):
                 "agent-stores entry (value must be bytes)"
             )
         expires_at = None if expires is None else float(expires)
-        return Entry(value, render_version(snap.update_time, expires_at), expires_at)
+        nonce = data.get(F_NONCE)
+        version = render_version(
+            snap.update_time, nonce if isinstance(nonce, str) else "", expires_at
+        )
+        return Entry(value, version, expires_at)
 
     @staticmethod
     def _nonce(snap: DocumentSnapshot) -> str | None:
@@ -449,7 +462,7 @@ class FirestoreKV(KVStore):
         self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
     ) -> str:
         ref = self._ref(scope, key)
-        nonce = new_version()
+        nonce = new_nonce()
         conflicts = _conflict_types()
         for _ in range(MAX_ROUNDS):
             attempt = _Attempt()
@@ -462,12 +475,12 @@ class FirestoreKV(KVStore):
                     ),
                     attempt,
                 )
-                return render_version(result.update_time, expires_at)
+                return render_version(result.update_time, nonce, expires_at)
             except conflicts:
                 pass
             snap = await self._read(ref)
             if self._nonce(snap) == nonce:  # our own create, its reply lost
-                return render_version(snap.update_time, expires_at)
+                return render_version(snap.update_time, nonce, expires_at)
             current = self._entry(snap)
             if current is None:
                 continue  # deleted in between: create again
@@ -487,7 +500,7 @@ class FirestoreKV(KVStore):
                     ),
                     attempt,
                 )
-                return render_version(result.update_time, expires_at)
+                return render_version(result.update_time, nonce, expires_at)
             except conflicts:
                 continue
         raise ConflictError("key kept changing during create", scope=scope, key=key)
@@ -505,7 +518,7 @@ class FirestoreKV(KVStore):
         parsed = parse_version(expected_version)
         if parsed is None or (parsed[1] is not None and parsed[1] <= now):
             raise ConflictError("version mismatch", scope=scope, key=key)
-        nonce = new_version()
+        nonce = new_nonce()
         attempt = _Attempt()
         try:
             result = await self._run(
@@ -521,9 +534,9 @@ class FirestoreKV(KVStore):
             if attempt.ambiguous:
                 snap = await self._read(ref)
                 if self._nonce(snap) == nonce:
-                    return render_version(snap.update_time, expires_at)
+                    return render_version(snap.update_time, nonce, expires_at)
             raise ConflictError("version mismatch", scope=scope, key=key) from None
-        return render_version(result.update_time, expires_at)
+        return render_version(result.update_time, nonce, expires_at)
 
     async def _delete_at(self, scope: str, key: str, ref: Any, update_time: Any) -> bool:
         """Delete ``ref`` if still at ``update_time``; True if it happened."""
@@ -694,7 +707,7 @@ class FirestoreKV(KVStore):
                 limit=MAX_COMMIT_BYTES,
             )
         refs = [self._ref(scope, op.key) for op in ops]
-        nonce = new_version()
+        nonces = [new_nonce() for _ in ops]
         conflicts = _conflict_types()
         # First try: preconditions straight from the operations (one round trip). When it
         # fails, read the documents, decide each operation on what is stored (expired
@@ -702,13 +715,13 @@ class FirestoreKV(KVStore):
         state: list[DocumentSnapshot] | None = None
         for _ in range(MAX_ROUNDS):
             # Built before the first attempt: a failed condition raises here, unsent.
-            _, expiries = self._build_batch(scope, ops, refs, nonce, now, state)
+            _, expiries = self._build_batch(scope, ops, refs, nonces, now, state)
             attempt = _Attempt()
 
             async def send(state: list[DocumentSnapshot] | None = state) -> list[Any]:
                 # A fresh batch per attempt: a committed batch forgets its writes, so a
                 # re-sent one would be empty.
-                batch, _ = self._build_batch(scope, ops, refs, nonce, now, state)
+                batch, _ = self._build_batch(scope, ops, refs, nonces, now, state)
                 results: list[Any] = await batch.commit(retry=None, timeout=self._timeout)
                 return results
 
@@ -716,13 +729,13 @@ class FirestoreKV(KVStore):
                 results = await self._run(send, attempt)
             except conflicts:
                 if attempt.ambiguous:
-                    applied = await self._applied(scope, ops, refs, nonce, expiries)
+                    applied = await self._applied(scope, ops, refs, nonces, expiries)
                     if applied is not None:
                         return applied
                 state = await self._read_all(refs)
                 continue
             return [
-                render_version(result.update_time, expiries[i])
+                render_version(result.update_time, nonces[i], expiries[i])
                 if isinstance(ops[i], Create | Replace)
                 else None
                 for i, result in enumerate(results)
@@ -743,7 +756,7 @@ class FirestoreKV(KVStore):
         scope: str,
         ops: list[Operation],
         refs: list[AsyncDocumentReference],
-        nonce: str,
+        nonces: list[str],
         expiries: list[float | None],
     ) -> list[str | None] | None:
         """Versions if a commit whose reply was lost was applied (its nonce is stored)."""
@@ -751,10 +764,10 @@ class FirestoreKV(KVStore):
         if not writes:
             raise self._outcome_unknown("commit", scope, ops[0].key)
         snaps = await self._read_all([refs[i] for i in writes])
-        if all(self._nonce(snap) == nonce for snap in snaps):
+        if all(self._nonce(snap) == nonces[i] for i, snap in zip(writes, snaps, strict=True)):
             out: list[str | None] = [None] * len(ops)
             for i, snap in zip(writes, snaps, strict=True):
-                out[i] = render_version(snap.update_time, expiries[i])
+                out[i] = render_version(snap.update_time, nonces[i], expiries[i])
             return out
         return None
 
@@ -763,7 +776,7 @@ class FirestoreKV(KVStore):
         scope: str,
         ops: list[Operation],
         refs: list[AsyncDocumentReference],
-        nonce: str,
+        nonces: list[str],
         now: float,
         state: list[DocumentSnapshot] | None,
     ) -> tuple[AsyncWriteBatch, list[float | None]]:
@@ -783,6 +796,7 @@ class FirestoreKV(KVStore):
             )
 
         for i, (op, ref) in enumerate(zip(ops, refs, strict=True)):
+            nonce = nonces[i]
             expires_at = self._expires_at(op.ttl, now) if isinstance(op, Create | Replace) else None
             expiries.append(expires_at)
             if state is None:
