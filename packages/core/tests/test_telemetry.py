@@ -163,6 +163,14 @@ async def test_store_spans_nest_under_the_agent_run(
         assert attrs["db.system"] == system and attrs["db.operation.name"]
         assert span.kind == trace.SpanKind.CLIENT
         assert attrs["server.address"] and isinstance(attrs.get("server.port"), int)
+    # Operations through the KV API report their round trips and bytes (a backend's
+    # native statements, like PostgreSQL's memory writes, are not counted).
+    searches = [s for s in store_spans if s.name == "agent_stores.memory.search"]
+    assert searches and all(
+        (s.attributes or {})["agent_stores.round_trips"] >= 1
+        and (s.attributes or {})["agent_stores.bytes"] > 0
+        for s in searches
+    )
     for span in spans:
         text = repr(dict(span.attributes or {})) + span.name + repr(span.events)
         assert SECRET not in text, span.name

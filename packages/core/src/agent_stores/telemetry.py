@@ -9,7 +9,9 @@ costs one provider lookup and creates no span.
 Spans (``agent_stores.<store>.<operation>``, kind CLIENT) carry the database semantic
 conventions: ``db.system`` / ``db.system.name``, ``db.operation.name``, and, for networked
 backends, ``server.address`` / ``server.port`` taken from the store's redacted
-description (never a password or a query string). On failure they get status ERROR and
+description (never a password or a query string), and ``agent_stores.round_trips`` /
+``agent_stores.bytes``: the KV calls the operation made through the KV API and the value
+bytes they moved (a backend's native fast path is not counted). On failure they get status ERROR and
 ``error.type`` = the agent-stores error code (or the exception's class name). No id,
 path, message or value is ever put in an attribute.
 
@@ -22,20 +24,40 @@ Metrics (meter ``agent_stores``): ``agent_stores.operation.duration`` (s, per op
 from __future__ import annotations
 
 import functools
+import importlib.util
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
-_AVAILABLE: bool
-try:
-    from opentelemetry import metrics as _metrics
-    from opentelemetry import trace as _trace
 
-    _AVAILABLE = True
-except ImportError:  # the otel extra is not installed: every helper is a no-op
-    _AVAILABLE = False
+def _installed() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry") is not None
+    except (ImportError, ValueError):  # e.g. blocked with sys.modules["opentelemetry"] = None
+        return False
+
+
+# The API is imported on first use, not here: the KV layer imports this module, and a
+# command such as ``agent-stores --help`` must not pay for OpenTelemetry.
+_AVAILABLE: bool = _installed()
+_trace: Any = None
+_metrics: Any = None
+
+
+def _api() -> bool:
+    """Import the OpenTelemetry API once; False when it is not installed."""
+    global _trace, _metrics
+    if _trace is None:
+        if not _AVAILABLE:
+            return False
+        from opentelemetry import metrics, trace
+
+        _trace, _metrics = trace, metrics
+    return True
+
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -60,7 +82,7 @@ _attributes_cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.Weak
 
 def enabled() -> bool:
     """True when the API is installed and the application configured a tracer provider."""
-    return _AVAILABLE and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+    return _api() and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
 
 
 def backend_attributes(kv: Any) -> dict[str, Any]:
@@ -107,6 +129,76 @@ def error_type(exc: BaseException) -> str:
     return str(value) if isinstance(value, str) and value else type(exc).__name__
 
 
+class _Counter:
+    """KV round trips and bytes of the operation whose span is current."""
+
+    __slots__ = ("bytes", "round_trips")
+
+    def __init__(self) -> None:
+        self.round_trips = 0
+        self.bytes = 0
+
+
+_counter: ContextVar[_Counter | None] = ContextVar("agent_stores_kv_counter", default=None)
+
+
+def kv_call(
+    fn: Callable[P, Coroutine[Any, Any, T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Decorate a public KV method: counts a round trip and its value bytes into the
+    current operation's span (``agent_stores.round_trips`` / ``agent_stores.bytes``).
+
+    Outside a span it hands the call straight through (no extra coroutine frame).
+    Backends' native fast paths that bypass the KV API are not counted.
+    """
+    if not _AVAILABLE:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+        counter = _counter.get()
+        if counter is None:
+            return fn(*args, **kwargs)
+        return _counted(counter, fn(*args, **kwargs), _sent_bytes(args, kwargs))
+
+    return wrapper
+
+
+async def _counted(counter: _Counter, call: Coroutine[Any, Any, T], sent: int) -> T:
+    result = await call
+    counter.round_trips += 1
+    counter.bytes += sent + _received_bytes(result)
+    return result
+
+
+def _sent_bytes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    total = 0
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, bytes):
+            total += len(value)
+        elif isinstance(value, list | tuple):
+            total += sum(
+                len(v) for op in value if isinstance(v := getattr(op, "value", None), bytes)
+            )
+    return total
+
+
+def _received_bytes(result: Any) -> int:
+    value = getattr(result, "value", None)
+    if isinstance(value, bytes):
+        return len(value)
+    items = (
+        result.values() if isinstance(result, dict) else result if isinstance(result, list) else ()
+    )
+    total = 0
+    for item in items:
+        entry = getattr(item, "entry", item)
+        value = getattr(entry, "value", None)
+        if isinstance(value, bytes):
+            total += len(value)
+    return total
+
+
 @contextmanager
 def span(operation: str, kv: Any = None, **attributes: Any) -> Iterator[Any]:
     """A CLIENT span ``agent_stores.<operation>`` with the store's attributes (None when off).
@@ -121,6 +213,9 @@ def span(operation: str, kv: Any = None, **attributes: Any) -> Iterator[Any]:
     attrs = {**backend_attributes(kv), "db.operation.name": operation, **attributes}
     started = time.perf_counter()
     outcome = "ok"
+    outer = _counter.get()
+    counter = _Counter()
+    token = _counter.set(counter)
     with tracer.start_as_current_span(
         f"agent_stores.{operation}",
         kind=_trace.SpanKind.CLIENT,
@@ -140,6 +235,13 @@ def span(operation: str, kv: Any = None, **attributes: Any) -> Iterator[Any]:
                     _instruments().conflicts.add(1, {"db.operation.name": operation})
             raise
         finally:
+            _counter.reset(token)
+            if counter.round_trips:
+                current.set_attribute("agent_stores.round_trips", counter.round_trips)
+                current.set_attribute("agent_stores.bytes", counter.bytes)
+            if outer is not None:  # an enclosing operation includes this one's traffic
+                outer.round_trips += counter.round_trips
+                outer.bytes += counter.bytes
             _instruments().duration.record(
                 time.perf_counter() - started,
                 {
@@ -226,25 +328,25 @@ def _instruments() -> _Instruments:
 
 def record_lease_wait(seconds: float, kv: Any = None) -> None:
     """Time a turn spent obtaining its lease."""
-    if _AVAILABLE:
+    if _api():
         _instruments().lease_wait.record(seconds, _system(kv))
 
 
 def record_turn(seconds: float, kv: Any = None, *, outcome: str = "ok") -> None:
     """A finished turn's duration (acquire to release)."""
-    if _AVAILABLE:
+    if _api():
         _instruments().turn.record(seconds, {**_system(kv), "outcome": outcome})
 
 
 def record_handover(kv: Any = None) -> None:
     """A session taken over from a client that released it for a waiting one."""
-    if _AVAILABLE:
+    if _api():
         _instruments().handovers.add(1, _system(kv))
 
 
 def record_retry(operation: str, kv: Any = None) -> None:
     """A backend call retried after a transient error."""
-    if _AVAILABLE:
+    if _api():
         _instruments().retries.add(1, {**_system(kv), "db.operation.name": operation})
 
 

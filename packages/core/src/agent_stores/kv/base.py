@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from .. import telemetry
 from ..errors import (
     ConfigError,
     InvalidIdError,
@@ -204,6 +205,7 @@ class KVStore(AsyncCloseable, ABC):
 
     # -- public API -----------------------------------------------------------------------
 
+    @telemetry.kv_call
     async def get(self, scope: str, key: str) -> Entry | None:
         """The live entry at ``(scope, key)``, or None when absent or expired."""
         self._check_open()
@@ -213,6 +215,7 @@ class KVStore(AsyncCloseable, ABC):
             return None
         return entry
 
+    @telemetry.kv_call
     async def get_many(self, scope: str, keys: Sequence[str]) -> dict[str, Entry]:
         """Live entries of ``keys`` in one round trip where the backend can; missing keys are omitted."""
         self._check_open()
@@ -225,6 +228,7 @@ class KVStore(AsyncCloseable, ABC):
         now = self.clock()
         return {k: e for k, e in found.items() if not e.expired(now)}
 
+    @telemetry.kv_call
     async def create(self, scope: str, key: str, value: bytes, *, ttl: float | None = None) -> str:
         """Write ``value`` only if the key is absent or expired; returns the new version.
 
@@ -236,6 +240,7 @@ class KVStore(AsyncCloseable, ABC):
         now = self.clock()
         return await self._create(scope, key, value, self._expires_at(ttl, now), now)
 
+    @telemetry.kv_call
     async def replace(
         self,
         scope: str,
@@ -258,12 +263,14 @@ class KVStore(AsyncCloseable, ABC):
             scope, key, value, expected_version, self._expires_at(ttl, now), now
         )
 
+    @telemetry.kv_call
     async def delete(self, scope: str, key: str, *, expected_version: str | None = None) -> bool:
         """Delete the live entry (only at ``expected_version`` when given). True if it happened."""
         self._check_open()
         self._check_ids(scope, key)
         return await self._delete(scope, key, expected_version, self.clock())
 
+    @telemetry.kv_call
     async def scan(
         self,
         scope: str,
@@ -299,6 +306,7 @@ class KVStore(AsyncCloseable, ABC):
                 return
             start_after = page[-1].key
 
+    @telemetry.kv_call
     async def scopes(
         self, *, prefix: str = "", start_after: str | None = None, limit: int = 100
     ) -> list[str]:
@@ -308,12 +316,14 @@ class KVStore(AsyncCloseable, ABC):
             raise ValueError("limit must be >= 1")
         return await self._scopes(prefix, start_after, limit, self.clock())
 
+    @telemetry.kv_call
     async def drop_scope(self, scope: str) -> int:
         """Delete every entry of ``scope`` (erasure). Returns how many were deleted."""
         self._check_open()
         self._check_scope(scope)
         return await self._drop_scope(scope)
 
+    @telemetry.kv_call
     async def commit(self, scope: str, ops: Sequence[Operation]) -> list[str | None]:
         """Apply ``ops`` all-or-nothing inside one scope, where ``capabilities.commit`` says so.
 
