@@ -130,3 +130,50 @@ def test_fails(contract_store_url):
     output = result.stdout.str()
     assert "contract_store_url = 'memory://u:***@x'" in output
     assert "s3cret" not in output.replace("--store-url memory://u:s3cret@x", "")
+
+
+def test_a_skipped_contract_test_fails_unless_a_capability_justifies_it(
+    pytester: pytest.Pytester,
+) -> None:
+    body = """
+class TestMine(KVContract):
+    @pytest.fixture
+    def kv_factory(self):
+        pytest.skip("no server here")
+"""
+    result = _run(pytester, body, "-k", "test_create_then_get or test_multiprocess_cas_one_key")
+    # Skipped in a fixture, so reported as errors at setup: the run fails either way.
+    result.assert_outcomes(errors=2)
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*was skipped (no server here)*require_capability*"])
+
+
+def test_capability_skips_are_listed_in_the_summary(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, "class TestMine(KVContract):\n    pass\n", "-k", "multiprocess")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*agent-stores contract: skipped by declared capability*",
+            "*test_multiprocess_cas_one_key: not applicable: capability "
+            "shared_across_processes=False (memory)*",
+        ]
+    )
+
+
+def test_a_hung_backend_fails_with_a_clear_message(pytester: pytest.Pytester) -> None:
+    body = """
+import asyncio
+from agent_stores.backends.memory import MemoryKV
+
+class Hangs(MemoryKV):
+    async def _get(self, scope, key):
+        await asyncio.sleep(3600)
+
+class TestMine(KVContract):
+    @pytest.fixture
+    def kv_factory(self):
+        return lambda: Hangs("hung")
+"""
+    result = _run(pytester, body, "-k", "test_create_then_get", "--contract-timeout", "2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*did not finish within 2 s: the backend under test hung*"])

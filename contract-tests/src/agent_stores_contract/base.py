@@ -13,6 +13,7 @@ run against a shared server without touching other data.
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -36,6 +37,25 @@ def require_capability(kv: KVStore, capability: str, why: str) -> None:
         pytest.skip(f"{CAPABILITY_SKIP} {capability}=False ({kv.backend_name}): {why}")
 
 
+async def drop_namespace(store: KVStore, ns: str) -> int:
+    """Drop every scope whose name starts with ``ns``: the suite leaves nothing behind.
+
+    A failure here is reported as a warning, not as the test's failure: the behaviour
+    under test was already judged.
+    """
+    # Every entry is live at time 0, so scopes holding only expired entries are listed too.
+    store.clock = lambda: 0.0
+    dropped = 0
+    try:
+        while names := await store.scopes(prefix=ns, limit=100):
+            for name in names:
+                await store.drop_scope(name)
+                dropped += 1
+    except Exception as exc:
+        warnings.warn(f"contract cleanup of scopes {ns}* failed: {exc!r}", stacklevel=1)
+    return dropped
+
+
 class ContractBase:
     """Base of every contract class. Subclass a contract, never this."""
 
@@ -54,14 +74,18 @@ class ContractBase:
         return lambda: open_kv(store_url)
 
     @pytest_asyncio.fixture
-    async def kv(self, kv_factory: KVFactory) -> AsyncIterator[KVStore]:
-        """One client of the backend under test, closed after the test."""
+    async def kv(self, kv_factory: KVFactory, ns: str) -> AsyncIterator[KVStore]:
+        """One client of the backend under test; after the test its ``ns`` scopes are dropped."""
         store = kv_factory()
         await store.setup()
         try:
             yield store
         finally:
-            await store.aclose()
+            try:
+                if not store.closed:
+                    await drop_namespace(store, ns)
+            finally:
+                await store.aclose()
 
     @pytest.fixture
     def ns(self) -> str:
