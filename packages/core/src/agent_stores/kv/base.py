@@ -433,7 +433,10 @@ class KVStore(AsyncCloseable, ABC):
     async def _scopes(
         self, prefix: str, start_after: str | None, limit: int, now: float
     ) -> list[str]:
-        """Scopes with entries (expired-only scopes may be listed), in byte order."""
+        """Up to ``limit`` scopes holding a live entry at ``now``, under ``prefix``, after ``start_after``, in byte order.
+
+        A scope whose entries have all expired is not listed (the contract checks it).
+        """
 
     @abstractmethod
     async def _drop_scope(self, scope: str) -> int:
