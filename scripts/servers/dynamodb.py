@@ -17,8 +17,9 @@ One thing is not: ``moto_server`` serves requests on threads and its DynamoDB mo
 no lock between checking a ConditionExpression and writing, so two concurrent conditional
 PutItems on one item can both succeed (seen with moto 5.2.5: two CAS winners on one
 version). DynamoDB itself applies each item's writes one at a time. So the script runs
-moto's own WSGI app single-threaded (werkzeug ``run_simple(threaded=False)``, the same app
-and request handler ``moto_server`` uses): every request is then atomic, as in DynamoDB.
+moto's own WSGI app (the app and request handler ``moto_server`` uses) behind one lock:
+connections are still read on threads, but requests are handled one at a time, so every
+request is atomic, as in DynamoDB.
 
 As a library (load it by path)::
 
@@ -68,9 +69,9 @@ class ServerError(RuntimeError):
     """The server could not be started or stopped."""
 
 
-# moto_server's own main(), minus its threads (see the module docstring).
+# moto_server's own main(), with requests handled under one lock (see the module docstring).
 LAUNCHER = """
-import signal, sys
+import signal, sys, threading
 from werkzeug.serving import run_simple
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 try:
@@ -79,7 +80,17 @@ except ImportError:
     handler = None
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 app = DomainDispatcherApplication(create_backend_app)
-run_simple(sys.argv[1], int(sys.argv[2]), app, threaded=False, processes=1,
+lock = threading.Lock()
+
+def serialized(environ, start_response):
+    # Connections are read on threads; requests are handled one at a time.
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    import io
+    environ["wsgi.input"] = io.BytesIO(body)
+    with lock:
+        return list(app(environ, start_response))
+
+run_simple(sys.argv[1], int(sys.argv[2]), serialized, threaded=True,
            request_handler=handler)
 """
 

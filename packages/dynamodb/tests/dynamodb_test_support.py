@@ -14,6 +14,8 @@ from agent_stores import StoreURL
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVER_SCRIPT = REPO_ROOT / "scripts" / "servers" / "dynamodb.py"
 URL_ENV = "AGENT_STORES_TEST_DYNAMODB_URL"
+#: Seconds per contract test on moto (``nox -s contract -- dynamodb --contract-timeout 600``).
+CONTRACT_TIMEOUT = 600
 
 
 def load_server_module() -> ModuleType:

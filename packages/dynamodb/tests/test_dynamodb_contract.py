@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import pytest
 from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
-from dynamodb_test_support import with_fresh_prefix
+from dynamodb_test_support import CONTRACT_TIMEOUT, with_fresh_prefix
 
 
+# moto handles one request at a time (see scripts/servers/dynamodb.py): the tests that
+# start worker processes need more than the contract's default deadline on a busy machine.
+@pytest.mark.timeout(CONTRACT_TIMEOUT)
 class DynamoDBURL:
     """Runs a contract class on the moto server, a fresh prefix per test."""
 
