@@ -248,13 +248,18 @@ def _why_unavailable(name: str) -> str:
     module = _server_module(name)
     if module is None:
         return f"scripts/servers/{name}.py is missing"
+    hints: list[str] = []
     for attribute in ("missing", "_missing_runtime"):
-        hint = getattr(module, attribute, None)
-        if callable(hint) and hint():
-            return str(hint())
-    hint = getattr(module, "INSTALL_HINT", None)
-    if hint:
-        return str(hint)
+        probe = getattr(module, attribute, None)
+        found = probe() if callable(probe) else None
+        if found:
+            hints += [str(x) for x in found] if isinstance(found, list | tuple) else [str(found)]
+            break
+    install = getattr(module, "INSTALL_HINT", None)
+    if install and str(install) not in hints:
+        hints.append(str(install))
+    if hints:
+        return "; ".join(hints)
     return f"its server cannot run here (see scripts/servers/{name}.py)"
 
 
@@ -451,17 +456,60 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
+#: Python 3.13 for the anchors (cortex-agent-sdk needs it): pyenv's, else one on PATH.
+BENCH_PYTHON = next(
+    (
+        str(p)
+        for p in (
+            Path.home() / ".pyenv/versions/3.13.0/bin/python3.13",
+            Path("/usr/bin/python3.13"),
+        )
+        if p.exists()
+    ),
+    "python3.13",
+)
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks beside the anchors' figures (DESIGN.md §6); ``-- --quick`` for a short run."""
+    """agent-stores beside the anchors in one run (``benchmarks/side_by_side.py``, Python 3.13
+    venv with the anchors from PyPI), ratios printed and written to docs/benchmarks.md; then
+    the per-backend figures of every backend (``benchmarks/run.py``). ``-- --quick``: short."""
     _install(session)
+    quick = ["--quick"] if "--quick" in session.posargs else []
+    venv = Path(".nox/bench-anchors")
+    python = str(venv / "bin" / "python")
+    if not venv.exists():
+        session.run("uv", "venv", "-q", "-p", BENCH_PYTHON, str(venv), external=True)
+    session.run(
+        "uv",
+        "pip",
+        "install",
+        "-q",
+        "--python",
+        python,
+        "-r",
+        "benchmarks/requirements-anchors.txt",
+        "-e",
+        "packages/core[harness]",
+        "-e",
+        "packages/redis",
+        "-e",
+        "packages/postgres",
+        external=True,
+    )
     args = list(session.posargs)
     with contextlib.ExitStack() as stack:
+        side: list[str] = []
         for name in ("redis", "postgres", "cosmos", "firestore"):
             available, urls = BACKENDS[name]
             if available():
                 found = stack.enter_context(urls())
                 args += [f"--{name}", found[name]]
+                if name in ("redis", "postgres"):
+                    side += [f"--{name}", found[name]]
             else:
                 session.warn(f"no {name} server here: skipping its rows")
+        markdown = [] if quick else ["--markdown", "docs/benchmarks.md"]
+        session.run(python, "benchmarks/side_by_side.py", *side, *quick, *markdown, external=True)
         session.run("python", "benchmarks/run.py", *args)

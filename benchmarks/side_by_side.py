@@ -1,0 +1,743 @@
+"""agent-stores beside the anchors it replaces, in ONE process, trials interleaved.
+
+Run by ``nox -s bench`` in a Python 3.13 virtualenv holding the anchors at the versions
+the design brief names (``cortex-agent-sdk`` 0.5.0, ``pydantic-ai-harness`` 0.62.0 with its
+PostgreSQL/SQLite stores) beside agent-stores. On a shared 2-core machine only same-run
+ratios mean anything, so every row times both libraries in the same process, against the
+same server, with the same data, alternating which goes first every trial; a row's ratio
+is agent-stores ÷ anchor of the medians of all samples, and its range is the min..max of
+the per-trial ratios. Round trips and bytes are counted by a TCP proxy
+(:mod:`benchmarks.proxy`): a round trip is a client burst after the server spoke.
+
+Rows: turn at history 10/100/1000 (Redis, vs Cortex); bytes sent and round trips per turn,
+warm (the store served the previous turn) and cold (another store object did); 64 sessions
+x 8 turns (turns/s, client CPU per turn); hand-overs with 8 tasks x 5 turns on one session
+and with 6 processes; memory write / create / read vs the harness on PostgreSQL and on
+SQLite (WAL + synchronous=NORMAL for both); step ``append_event`` at 10 and 1,000 events vs
+the harness on PostgreSQL.
+
+Usage: ``python benchmarks/side_by_side.py --redis URL --postgres URL [--quick]
+[--markdown docs/benchmarks.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy import DelayProxy
+
+# -- workload -----------------------------------------------------------------------------
+
+
+def message_pair(i: int) -> list[Any]:
+    """A request and a response of about 511 bytes of JSON each (the brief's workload)."""
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+    text = f"message {i} " + "lorem ipsum dolor sit amet " * 14
+    return [
+        ModelRequest(parts=[UserPromptPart(content=text[:380])]),
+        ModelResponse(parts=[TextPart(content=text[:400])], model_name="bench"),
+    ]
+
+
+def history(n: int, start: int = 0) -> list[Any]:
+    return [m for i in range(start, start + n // 2) for m in message_pair(i)]
+
+
+def memory_content(i: int) -> str:
+    head = f"# Agent notebook, revision {i}\n\n- user prefers metric units\n"
+    filler = "".join(
+        f"- fact {j}: customer asked about shipping window {j % 7} days\n" for j in range(40)
+    )
+    return (head + filler)[:1024]
+
+
+def operation() -> Any:
+    from pydantic_ai_harness.memory import MemoryOperation
+
+    return MemoryOperation(id=uuid.uuid4().hex, fingerprint=uuid.uuid4().hex)
+
+
+def step_event(run_id: str, i: int) -> Any:
+    from pydantic_ai_harness.step_persistence import StepEvent
+
+    kind = ("model_request_started", "model_request_completed")[i % 2]
+    return StepEvent(
+        run_id=run_id,
+        kind=kind,
+        step_index=i // 2,
+        conversation_id=f"conv-{run_id}",
+        agent_name="bench",
+        idempotency_key=f"{i}:{kind}",
+    )
+
+
+# -- results ------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One comparison: agent-stores beside the anchor, and the ratio with its range."""
+
+    what: str
+    ours: str
+    anchor: str
+    ratio: float
+    low: float
+    high: float
+    note: str = ""
+
+    def ratio_text(self) -> str:
+        if self.low == self.high:
+            return f"{self.ratio:.2f}"
+        return f"{self.ratio:.2f} ({self.low:.2f}-{self.high:.2f})"
+
+
+@dataclass
+class Results:
+    rows: list[Row] = field(default_factory=list)
+    facts: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        print(
+            f"  {row.what:<58} {row.ratio_text():>20}   ours {row.ours} | anchor {row.anchor}",
+            flush=True,
+        )
+
+    def fact(self, what: str, value: str) -> None:
+        self.facts.append((what, value))
+        print(f"  {what:<58} {value}", flush=True)
+
+
+def med_ms(samples: Sequence[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def p95_ms(samples: Sequence[float]) -> float:
+    values = sorted(samples)
+    return values[min(len(values) - 1, int(len(values) * 0.95))] * 1000
+
+
+def timing(samples: Sequence[float]) -> str:
+    return f"{med_ms(samples):.2f} ms (p95 {p95_ms(samples):.2f})"
+
+
+async def interleaved(
+    subjects: dict[str, Callable[[], Awaitable[list[float]]]], trials: int
+) -> tuple[dict[str, list[float]], list[dict[str, float]]]:
+    """Run each subject's trial ``trials`` times, rotating who goes first."""
+    names = list(subjects)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    per_trial: list[dict[str, float]] = []
+    for trial in range(trials):
+        order = names[trial % len(names) :] + names[: trial % len(names)]
+        medians: dict[str, float] = {}
+        for name in order:
+            gc.collect()
+            got = await subjects[name]()
+            samples[name] += got
+            medians[name] = statistics.median(got)
+        per_trial.append(medians)
+    return samples, per_trial
+
+
+def time_row(
+    what: str,
+    samples: dict[str, list[float]],
+    per_trial: list[dict[str, float]],
+    ours: str = "ours",
+    anchor: str = "anchor",
+    note: str = "",
+) -> Row:
+    ratios = [t[ours] / t[anchor] for t in per_trial]
+    return Row(
+        what,
+        timing(samples[ours]),
+        timing(samples[anchor]),
+        med_ms(samples[ours]) / med_ms(samples[anchor]),
+        min(ratios),
+        max(ratios),
+        note,
+    )
+
+
+# -- stores -------------------------------------------------------------------------------
+
+
+def ours_sessions(url: str, **options: Any) -> Any:
+    from agent_stores import open_sessions
+
+    return open_sessions(url, ttl_seconds=3600, **options)
+
+
+def plain(url: str) -> str:
+    """``url`` without its query (agent-stores options the anchors' clients do not know)."""
+    return urlsplit(url)._replace(query="").geturl()
+
+
+def cortex_sessions(url: str, prefix: str) -> Any:
+    from cortex_agent_sdk.redis import RedisSessionStore
+
+    # A generous I/O timeout: on a loaded shared machine 64 concurrent turns can exceed its 10 s.
+    return RedisSessionStore(
+        plain(url), key_prefix=prefix, ttl_seconds=3600, io_timeout_seconds=120
+    )
+
+
+async def close(store: Any) -> None:
+    result = store.aclose()
+    if asyncio.iscoroutine(result):
+        await result
+
+
+async def set_history(store: Any, sid: str, n: int) -> None:
+    async with store.turn(sid, timeout_seconds=60) as s:
+        s.replace(history(n))
+
+
+async def one_turn(store: Any, sid: str, i: int) -> None:
+    async with store.turn(sid, timeout_seconds=60) as s:
+        messages = list(s.messages)
+        s.replace([*messages, *message_pair(100_000 + i)])
+
+
+def proxied(url: str, proxy: DelayProxy) -> str:
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)
+    auth = netloc[0] + "@" if len(netloc) == 2 else ""
+    return parts._replace(netloc=f"{auth}127.0.0.1:{proxy.port}").geturl()
+
+
+# -- sections -------------------------------------------------------------------------------
+
+
+async def section_turns(
+    res: Results, redis_url: str, sizes: list[int], trials: int, turns: int
+) -> None:
+    print(
+        "\nturn cycle on Redis (enter, read, replace +2 messages, exit), vs Cortex RedisSessionStore"
+    )
+    run = uuid.uuid4().hex[:8]
+    ours = ours_sessions(redis_url)
+    theirs = cortex_sessions(redis_url, f"bench-cx-{run}")
+    try:
+        for size in sizes:
+            sids = {"ours": f"t-{run}-{size}", "anchor": f"t-{run}-{size}"}
+            stores = {"ours": ours, "anchor": theirs}
+
+            def trial(
+                name: str,
+                size: int = size,
+                sids: dict[str, str] = sids,
+                stores: dict[str, Any] = stores,
+            ) -> Callable[[], Awaitable[list[float]]]:
+                async def go() -> list[float]:
+                    store, sid = stores[name], sids[name]
+                    await set_history(store, sid, size)
+                    await one_turn(store, sid, -1)  # untimed: the store has served a turn
+                    out = []
+                    for i in range(turns):
+                        t0 = time.perf_counter()
+                        await one_turn(store, sid, i)
+                        out.append(time.perf_counter() - t0)
+                    return out
+
+                return go
+
+            samples, per_trial = await interleaved(
+                {"ours": trial("ours"), "anchor": trial("anchor")}, trials
+            )
+            res.add(time_row(f"Redis turn, history {size}", samples, per_trial))
+    finally:
+        await close(ours)
+        await close(theirs)
+
+
+async def section_wire(res: Results, redis_url: str, sizes: list[int], turns: int) -> None:
+    print("\nbytes sent and round trips per turn (counting proxy), warm and cold")
+    parts = urlsplit(redis_url)
+    run = uuid.uuid4().hex[:8]
+    async with DelayProxy(parts.hostname or "127.0.0.1", parts.port or 6379) as proxy:
+        url = proxied(redis_url, proxy)
+        for size in sizes:
+            for mode in ("warm", "cold"):
+                figures: dict[str, tuple[float, float]] = {}
+                for name in ("ours", "anchor"):
+                    if name == "ours":
+                        stores = [ours_sessions(url), ours_sessions(url)]
+                    else:
+                        prefix = f"bench-cxw-{run}"
+                        stores = [cortex_sessions(url, prefix), cortex_sessions(url, prefix)]
+                    sid = f"w-{run}-{size}-{mode}-{name}"
+                    try:
+                        await set_history(stores[0], sid, size)
+                        await one_turn(stores[0], sid, -2)
+                        await one_turn(stores[1], sid, -1)
+                        await one_turn(stores[0], sid, 0)
+                        trips: list[int] = []
+                        sent: list[int] = []
+                        for i in range(turns):
+                            # cold: the other store object wrote the session last
+                            store = stores[i % 2] if mode == "cold" else stores[0]
+                            proxy.stats.reset()
+                            await one_turn(store, sid, i + 1)
+                            trips.append(proxy.stats.round_trips)
+                            sent.append(proxy.stats.bytes_to_server)
+                        figures[name] = (statistics.median(trips), statistics.median(sent))
+                    finally:
+                        for store in stores:
+                            await close(store)
+                (rt_ours, b_ours), (rt_theirs, b_theirs) = figures["ours"], figures["anchor"]
+                res.add(
+                    Row(
+                        f"Redis round trips per turn, {mode}, history {size}",
+                        f"{rt_ours:.0f}",
+                        f"{rt_theirs:.0f}",
+                        rt_ours / rt_theirs,
+                        rt_ours / rt_theirs,
+                        rt_ours / rt_theirs,
+                    )
+                )
+                res.add(
+                    Row(
+                        f"Redis bytes sent per turn, {mode}, history {size}",
+                        f"{b_ours:,.0f}",
+                        f"{b_theirs:,.0f}",
+                        b_ours / b_theirs,
+                        b_ours / b_theirs,
+                        b_ours / b_theirs,
+                    )
+                )
+
+
+async def section_postgres_rt(res: Results, pg_url: str, turns: int) -> None:
+    print("\nPostgreSQL session turn round trips (counting proxy), warm and cold")
+    parts = urlsplit(pg_url)
+    run = uuid.uuid4().hex[:8]
+    async with DelayProxy(parts.hostname or "127.0.0.1", parts.port or 5432) as proxy:
+        url = proxied(pg_url, proxy)
+        sep = "&" if "?" in url else "?"
+        url += f"{sep}sslmode=disable&min_size=1&max_size=1&prepare_threshold=none"
+        stores = [ours_sessions(url), ours_sessions(url)]
+        try:
+            for store in stores:
+                await store.kv.setup()
+            sid = f"pg-{run}"
+            await set_history(stores[0], sid, 100)
+            await one_turn(stores[1], sid, -1)
+            await one_turn(stores[0], sid, 0)
+            for mode in ("warm", "cold"):
+                trips = []
+                for i in range(turns):
+                    store = stores[i % 2] if mode == "cold" else stores[0]
+                    proxy.stats.reset()
+                    await one_turn(store, sid, i + 1)
+                    trips.append(proxy.stats.round_trips)
+                res.fact(
+                    f"PostgreSQL round trips per turn, {mode}, history 100",
+                    f"{statistics.median(trips):.0f} (every turn: {sorted(set(trips))})",
+                )
+        finally:
+            for store in stores:
+                await close(store)
+
+
+async def section_concurrency(res: Results, redis_url: str, sizes: list[int], trials: int) -> None:
+    print(
+        "\n64 sessions x 8 turns concurrently on Redis (turns/s; ratio = ours / Cortex, higher is better)"
+    )
+    run = uuid.uuid4().hex[:8]
+    for size in sizes:
+        rates: dict[str, list[float]] = {"ours": [], "anchor": []}
+        cpu: dict[str, list[float]] = {"ours": [], "anchor": []}
+        for trial in range(trials):
+            for name in ["ours", "anchor"] if trial % 2 == 0 else ["anchor", "ours"]:
+                store = (
+                    ours_sessions(redis_url)
+                    if name == "ours"
+                    else cortex_sessions(redis_url, f"bench-cxc-{run}")
+                )
+                try:
+                    ids = [f"c-{run}-{size}-{trial}-{name}-{k}" for k in range(64)]
+                    await asyncio.gather(*(set_history(store, sid, size) for sid in ids))
+
+                    async def worker(sid: str, store: Any = store) -> None:
+                        for i in range(8):
+                            await one_turn(store, sid, i)
+
+                    gc.collect()
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    await asyncio.gather(*(worker(sid) for sid in ids))
+                    elapsed, used = time.perf_counter() - t0, time.process_time() - c0
+                    rates[name].append(512 / elapsed)
+                    cpu[name].append(used / 512 * 1000)
+                finally:
+                    await close(store)
+        ratios = [a / b for a, b in zip(rates["ours"], rates["anchor"], strict=True)]
+        res.add(
+            Row(
+                f"Redis 64x8 turns/s, history {size} (higher is better)",
+                f"{statistics.median(rates['ours']):,.0f}/s, CPU {statistics.median(cpu['ours']):.2f} ms/turn",
+                f"{statistics.median(rates['anchor']):,.0f}/s, CPU {statistics.median(cpu['anchor']):.2f} ms/turn",
+                statistics.median(rates["ours"]) / statistics.median(rates["anchor"]),
+                min(ratios),
+                max(ratios),
+            )
+        )
+
+
+async def section_handover(res: Results, redis_url: str) -> None:
+    print(
+        "\nhand-overs: 8 tasks x 5 turns on one session (one store object), and 6 processes x 5 turns"
+    )
+    run = uuid.uuid4().hex[:8]
+    for name in ("ours", "anchor"):
+        store = (
+            ours_sessions(redis_url)
+            if name == "ours"
+            else cortex_sessions(redis_url, f"bench-cxh-{run}")
+        )
+        sid = f"h-{run}-{name}"
+        owners: list[int] = []
+        waits: list[float] = []
+
+        async def worker(
+            n: int,
+            store: Any = store,
+            sid: str = sid,
+            owners: list[int] = owners,
+            waits: list[float] = waits,
+        ) -> None:
+            for i in range(5):
+                t0 = time.perf_counter()
+                async with store.turn(sid, timeout_seconds=60) as s:
+                    waits.append(time.perf_counter() - t0)
+                    owners.append(n)
+                    s.replace([*s.messages, *message_pair(n * 10 + i)])
+
+        try:
+            await asyncio.gather(*(worker(n) for n in range(8)))
+            async with store.turn(sid) as s:
+                lost = 80 - len(s.messages)
+        finally:
+            await close(store)
+        handovers = sum(1 for a, b in itertools.pairwise(owners) if a != b)
+        res.fact(
+            f"hand-overs, 8 tasks x 5 turns ({'agent-stores' if name == 'ours' else 'Cortex'})",
+            f"{handovers} of 39, longest wait {max(waits) * 1000:.0f} ms, lost updates {lost}",
+        )
+    for name in ("ours", "anchor"):
+        sid = f"hp-{run}-{name}"
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--handover-worker",
+                name,
+                redis_url,
+                sid,
+                str(n),
+                f"bench-cxh-{run}",
+            )
+            for n in range(6)
+        ]
+        for proc in procs:
+            await proc.wait()
+        store = (
+            ours_sessions(redis_url)
+            if name == "ours"
+            else cortex_sessions(redis_url, f"bench-cxh-{run}")
+        )
+        try:
+            async with store.turn(sid) as s:
+                texts = [str(getattr(m.parts[0], "content", ""))[:12] for m in s.messages[::2]]
+        finally:
+            await close(store)
+        order = [t.split()[1] for t in texts if t.startswith("proc ")]
+        handovers = sum(1 for a, b in itertools.pairwise(order) if a != b)
+        res.fact(
+            f"hand-overs, 6 processes x 5 turns ({'agent-stores' if name == 'ours' else 'Cortex'})",
+            f"{handovers} of {len(order) - 1}, lost updates {30 - len(order)}",
+        )
+
+
+async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: str) -> None:
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+    store = ours_sessions(redis_url) if name == "ours" else cortex_sessions(redis_url, prefix)
+    try:
+        for i in range(5):
+            async with store.turn(sid, timeout_seconds=120) as s:
+                s.replace(
+                    [
+                        *s.messages,
+                        ModelRequest(parts=[UserPromptPart(content=f"proc {n} turn {i}")]),
+                        ModelResponse(parts=[TextPart(content="ok")], model_name="bench"),
+                    ]
+                )
+    finally:
+        await close(store)
+
+
+async def section_memory(
+    res: Results, pg_url: str | None, trials: int, ops: int, workdir: Path
+) -> None:
+    from agent_stores import connect
+    from pydantic_ai_harness.memory import PostgresMemoryStore, SqliteMemoryStore
+
+    run = uuid.uuid4().hex[:8]
+    groups: list[tuple[str, Any, Any, Callable[[], Awaitable[None]]]] = []
+    if pg_url:
+        import asyncpg
+
+        pool = await asyncpg.create_pool(plain(pg_url), min_size=1, max_size=5)
+        ours = connect(pg_url).memory(owns_kv=True)
+        await ours.kv.setup()
+        theirs = PostgresMemoryStore(pool, table=f"bench_{run}_hmem")
+
+        async def close_pg() -> None:
+            await ours.aclose()
+            async with pool.acquire() as conn:
+                await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hmem")
+            await pool.close()
+
+        groups.append(("PostgreSQL", ours, theirs, close_pg))
+    ours_sqlite = connect(f"sqlite:///{workdir}/ours-memory.db").memory(owns_kv=True)
+    conn = sqlite3.connect(workdir / "harness-memory.db", timeout=30, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    theirs_sqlite = SqliteMemoryStore(connection=conn)
+
+    async def close_sqlite() -> None:
+        await ours_sqlite.aclose()
+        conn.close()
+
+    groups.append(("SQLite (WAL + NORMAL both)", ours_sqlite, theirs_sqlite, close_sqlite))
+    for label, ours_store, theirs_store, closer in groups:
+        print(
+            f"\nmemory on {label}: create, CAS write with receipt, read of a 1,024-char file, vs the harness store"
+        )
+        stores = {"ours": ours_store, "anchor": theirs_store}
+        try:
+            for store in stores.values():  # warm-up: schema, pools, prepared statements
+                m = await store.write(
+                    f"warm/{run}/w.md",
+                    memory_content(0),
+                    expected_version=None,
+                    operation=operation(),
+                )
+                await store.write(
+                    f"warm/{run}/w.md",
+                    memory_content(1),
+                    expected_version=m.version,
+                    operation=operation(),
+                )
+            kinds: dict[str, dict[str, list[float]]] = {
+                k: {"ours": [], "anchor": []} for k in ("create", "write", "read")
+            }
+            trial_medians: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+            for trial in range(trials):
+                per: dict[str, dict[str, float]] = {k: {} for k in kinds}
+                for name in ["ours", "anchor"] if trial % 2 == 0 else ["anchor", "ours"]:
+                    store = stores[name]
+                    gc.collect()
+                    creates, writes, reads = [], [], []
+                    for k in range(max(3, ops // 10)):
+                        t0 = time.perf_counter()
+                        await store.write(
+                            f"bench/{run}/{trial}-{name}-{k}/new.md",
+                            memory_content(0),
+                            expected_version=None,
+                            operation=operation(),
+                        )
+                        creates.append(time.perf_counter() - t0)
+                    path = f"bench/{run}/{trial}-{name}/MEMORY.md"
+                    m = await store.write(
+                        path, memory_content(0), expected_version=None, operation=operation()
+                    )
+                    for i in range(1, ops + 1):
+                        t0 = time.perf_counter()
+                        m = await store.write(
+                            path,
+                            memory_content(i),
+                            expected_version=m.version,
+                            operation=operation(),
+                        )
+                        writes.append(time.perf_counter() - t0)
+                    for _ in range(ops):
+                        t0 = time.perf_counter()
+                        got = await store.read(path, max_chars=100_000)
+                        reads.append(time.perf_counter() - t0)
+                    assert got is not None and got.content == memory_content(ops)
+                    for kind, values in (("create", creates), ("write", writes), ("read", reads)):
+                        kinds[kind][name] += values
+                        per[kind][name] = statistics.median(values)
+                for kind in kinds:
+                    trial_medians[kind].append(per[kind])
+            for kind, title in (
+                ("write", "CAS write with receipt"),
+                ("create", "create with receipt"),
+                ("read", "read"),
+            ):
+                res.add(time_row(f"memory {title}, {label}", kinds[kind], trial_medians[kind]))
+        finally:
+            await closer()
+
+
+async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> None:
+    import asyncpg
+    from agent_stores import connect
+    from pydantic_ai_harness.step_persistence import PostgresStepStore, RunRecord
+
+    print(
+        "\nstep append_event on PostgreSQL at 10 and 1,000 events, vs the harness PostgresStepStore"
+    )
+    run = uuid.uuid4().hex[:8]
+    pool = await asyncpg.create_pool(plain(pg_url), min_size=1, max_size=5)
+    cp = connect(pg_url).checkpointer(owns_kv=True)
+    await cp.setup()
+    stores = {
+        "ours": cp.step_store(),
+        "anchor": PostgresStepStore(pool, table=f"bench_{run}_hsteps"),
+    }
+    try:
+        for length in (10, 1000):
+            runs: dict[str, str] = {}
+            counters: dict[str, int] = {}
+            for name, store in stores.items():
+                run_id = f"bench-{run}-{length}-{name}"
+                await store.register_run(
+                    RunRecord(run_id=run_id, conversation_id=f"conv-{run_id}", agent_name="bench")
+                )
+                for i in range(length):
+                    await store.append_event(step_event(run_id, i))
+                runs[name], counters[name] = run_id, length
+
+            def trial(
+                name: str, runs: dict[str, str] = runs, counters: dict[str, int] = counters
+            ) -> Callable[[], Awaitable[list[float]]]:
+                async def go() -> list[float]:
+                    out = []
+                    for _ in range(ops):
+                        event = step_event(runs[name], counters[name])
+                        counters[name] += 1
+                        t0 = time.perf_counter()
+                        await stores[name].append_event(event)
+                        out.append(time.perf_counter() - t0)
+                    return out
+
+                return go
+
+            samples, per_trial = await interleaved(
+                {"ours": trial("ours"), "anchor": trial("anchor")}, trials
+            )
+            res.add(
+                time_row(f"step append_event at {length} events, PostgreSQL", samples, per_trial)
+            )
+    finally:
+        await cp.aclose()
+        async with pool.acquire() as conn:
+            await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hsteps")
+        await pool.close()
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def markdown(res: Results, started: str, seconds: float, argv: list[str]) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `nox -s bench` (`benchmarks/side_by_side.py`); do not edit by hand.",
+        f"Run {started}, {seconds:.0f} s, Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs (shared machine: only the same-run ratios below mean anything).",
+        "",
+        "Every row times agent-stores and the anchor in the same process, against the same server,",
+        "with the same data, alternating which goes first each trial. **Ratio** = agent-stores ÷",
+        "anchor of the medians of all samples (below 1: agent-stores faster or smaller; for",
+        "turns/s rows, above 1: agent-stores faster), with the min-max of the per-trial ratios.",
+        "Anchors: Cortex Agent SDK 0.5.0 `RedisSessionStore`; pydantic-ai-harness 0.62.0",
+        "`PostgresMemoryStore` (asyncpg pool 1-5), `SqliteMemoryStore` on a WAL + `synchronous=NORMAL`",
+        "connection (agent-stores' own SQLite setting), `PostgresStepStore`.",
+        "",
+        "| what | ratio (range) | agent-stores | anchor |",
+        "|---|---|---|---|",
+    ]
+    for row in res.rows:
+        lines.append(f"| {row.what} | **{row.ratio_text()}** | {row.ours} | {row.anchor} |")
+    lines += ["", "## Other figures of the same run", "", "| what | value |", "|---|---|"]
+    for what, value in res.facts:
+        lines.append(f"| {what} | {value} |")
+    lines += [
+        "",
+        "Round trips are counted by a TCP proxy (`benchmarks/proxy.py`): a client burst after",
+        "the server spoke. *Cold* turns alternate between two store objects on one session, so",
+        'every turn finds the session last written by "another process".',
+        "",
+        f"Command: `python benchmarks/side_by_side.py {' '.join(a for a in argv if '://' not in a)}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> Results:
+    res = Results()
+    quick = args.quick
+    trials = 3 if quick else 5
+    sizes = [10, 100] if quick else [10, 100, 1000]
+    workdir = Path(tempfile.mkdtemp(prefix="agent-stores-bench-"))
+    if args.redis:
+        await section_turns(res, args.redis, sizes, trials, 10 if quick else 20)
+        await section_wire(res, args.redis, sizes, 6 if quick else 10)
+        await section_concurrency(res, args.redis, [10, 100], 2 if quick else 3)
+        await section_handover(res, args.redis)
+    if args.postgres:
+        await section_postgres_rt(res, args.postgres, 6)
+    await section_memory(res, args.postgres, trials, 20 if quick else 50, workdir)
+    if args.postgres:
+        await section_steps(res, args.postgres, trials, 20 if quick else 50)
+    return res
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--handover-worker":
+        name, url, sid, n, prefix = sys.argv[2:7]
+        asyncio.run(handover_worker(name, url, sid, int(n), prefix))
+        return
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--redis")
+    parser.add_argument("--postgres")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--markdown", help="write the results page here (docs/benchmarks.md)")
+    args = parser.parse_args()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    t0 = time.perf_counter()
+    print("agent-stores ÷ anchor, same process, trials interleaved (ratio (min-max over trials))")
+    res = asyncio.run(main_async(args))
+    page = markdown(res, started, time.perf_counter() - t0, sys.argv[1:])
+    print("\n" + page)
+    if args.markdown:
+        Path(args.markdown).write_text(page)
+
+
+if __name__ == "__main__":
+    main()
