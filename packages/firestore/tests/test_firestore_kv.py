@@ -259,3 +259,22 @@ async def test_stopped_emulator_is_a_typed_error() -> None:
     finally:
         emulator.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_scopes_skip_scan_at_the_id_length_limit(kv: FirestoreKV) -> None:
+    """``scopes`` jumps past each scope, also past one whose id is exactly 1,500 bytes."""
+    longest = "aaa" + "\U0001f600" * 374  # 377 characters; id: "k" + 1,499 bytes
+    assert len(("k" + longest).encode()) == 1500
+    names = ["a", longest, "aé", "b", "b.", "b/"]
+    for name in names:
+        for key in ("k1", "k2", "k3"):
+            await kv.create(name, key, b"v")
+    await kv.create("c", "gone", b"v", ttl=5)
+    await kv.create("c", "z-live", b"v")  # the first entry found has expired
+    await kv.create("d", "gone", b"v", ttl=5)  # only expired entries: not listed
+    shift_clock(kv, 10)
+    ordered = sorted([*names, "c"], key=lambda s: s.encode())
+    assert await kv.scopes(limit=100) == ordered
+    assert await kv.scopes(start_after=longest, limit=100) == ordered[ordered.index(longest) + 1 :]
+    assert await kv.scopes(prefix="b", limit=2) == ["b", "b."]
+    assert await kv.scopes(prefix="b", start_after="b.", limit=5) == ["b/"]

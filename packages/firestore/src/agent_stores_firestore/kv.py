@@ -74,7 +74,7 @@ from .config import (
     check_prefix,
     parse_url,
 )
-from .ids import MAX_ID_BYTES, checked_id, decode_id, encode_id
+from .ids import MARKER, MAX_ID_BYTES, checked_id, decode_id, encode_id
 
 if TYPE_CHECKING:
     from google.cloud.firestore import (
@@ -104,8 +104,6 @@ GC_GRACE = dt.timedelta(hours=1)
 MAX_BATCH_WRITES = 500
 MAX_COMMIT_BYTES = 9 << 20
 DROP_PAGE = 300
-SCOPES_PAGE = 300
-SCOPE_CHECK_CONCURRENCY = 16
 #: How often a write racing with concurrent changes re-reads and tries again.
 MAX_ROUNDS = 16
 
@@ -262,9 +260,9 @@ class FirestoreKV(KVStore):
         self._timeout = float(timeout)
         self._retries = max(0, int(retries))
         self.limits = KVLimits(max_value_bytes=max_value_bytes)
-        self._scopes_col: AsyncCollectionReference = (
-            client.collection(self.collection).document(encode_id(prefix)).collection(SCOPES)
-        )
+        namespace = client.collection(self.collection).document(encode_id(prefix))
+        self._scopes_col: AsyncCollectionReference = namespace.collection(SCOPES)
+        self._scopes_path = f"{namespace.path}/{SCOPES}/"
         self._description = description or (
             f"firestore://{client.project}/{self.collection}?prefix={prefix} (ready client)"
         )
@@ -639,31 +637,49 @@ class FirestoreKV(KVStore):
     async def _scopes(
         self, prefix: str, start_after: str | None, limit: int, now: float
     ) -> list[str]:
-        async def collect() -> list[str]:
-            found: list[str] = []
-            async for ref in self._scopes_col.list_documents(
-                page_size=SCOPES_PAGE, retry=None, timeout=self._timeout
-            ):
-                try:
-                    scope = decode_id(ref.id)
-                except ValueError:
-                    continue
-                if scope.startswith(prefix) and (start_after is None or scope > start_after):
-                    found.append(scope)
-            return found
+        # A skip scan over the ``entries`` collection group, in document-name order: one
+        # 1-document query finds the first entry of the next scope, then the bound jumps
+        # past that scope. Cost: about one query per scope returned, however many scopes
+        # the namespace holds (ListDocuments can only start at the beginning).
+        from google.cloud.firestore_v1.base_query import FieldFilter
 
-        # Python orders str by code point, which is UTF-8 byte order. A listed scope may
-        # hold only expired entries: one small query per candidate checks it is live.
-        ordered = sorted(await self._run(collect))
+        group = self._client.collection_group(ENTRIES)
+        base = self._scopes_path
+        if start_after is not None and start_after >= prefix:
+            bound = _past_scope(base, encode_id(start_after))
+        else:
+            low = encode_id(prefix)
+            if len(low.encode("utf-8")) > MAX_ID_BYTES:
+                return []  # no scope id is that long
+            bound = f"{base}{low}/{ENTRIES}/{MARKER}"
         found: list[str] = []
-        for start in range(0, len(ordered), SCOPE_CHECK_CONCURRENCY):
-            chunk = ordered[start : start + SCOPE_CHECK_CONCURRENCY]
-            live = await asyncio.gather(*(self._scan(s, "", None, 1, False, now) for s in chunk))
-            for scope, items in zip(chunk, live, strict=True):
-                if items:
-                    found.append(scope)
-                    if len(found) >= limit:
-                        return found
+        while len(found) < limit:
+            query = (
+                group.where(filter=FieldFilter("__name__", ">=", self._client.document(bound)))
+                .order_by("__name__")
+                .select([F_EXPIRES])
+                .limit(1)
+            )
+
+            async def fetch(query: Any = query) -> list[DocumentSnapshot]:
+                return [snap async for snap in query.stream(retry=None, timeout=self._timeout)]
+
+            snaps = await self._run(fetch)
+            if not snaps or not snaps[0].reference.path.startswith(base):
+                return found  # past the namespace
+            doc_id = snaps[0].reference.parent.parent.id
+            bound = _past_scope(base, doc_id)
+            try:
+                scope = decode_id(doc_id)
+            except ValueError:
+                continue  # not ours
+            if not scope.startswith(prefix):
+                return found  # past the prefix: ids keep the order of scopes
+            expires = (snaps[0].to_dict() or {}).get(F_EXPIRES)
+            live = not (isinstance(expires, float | int) and expires <= now)
+            # Its first entry has expired: the scope may still hold live ones.
+            if live or await self._scan(scope, "", None, 1, False, now):
+                found.append(scope)
         return found
 
     async def _drop_scope(self, scope: str) -> int:
@@ -851,6 +867,19 @@ class FirestoreKV(KVStore):
         """Raw document ids of a scope (for diagnostics and tests)."""
         async for ref in self._entries(scope).list_documents(retry=None, timeout=self._timeout):
             yield ref.id
+
+
+def _past_scope(base: str, doc_id: str) -> str:
+    """A document path sorting after every entry of scope ``doc_id`` and before the next scope.
+
+    Paths compare segment by segment. ``doc_id + "\\x01"`` is below every longer id that
+    starts with ``doc_id`` (ids never hold NUL) and above ``doc_id``; at the id length
+    limit no longer id exists, and a collection name after ``entries`` does the same.
+    """
+    nxt = doc_id + "\x01"
+    if len(nxt.encode("utf-8")) <= MAX_ID_BYTES:
+        return f"{base}{nxt}/{ENTRIES}/{MARKER}"
+    return f"{base}{doc_id}/{ENTRIES}\x01/{MARKER}"
 
 
 def _clip_id(doc_id: str) -> str:
