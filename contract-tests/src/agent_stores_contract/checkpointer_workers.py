@@ -2,7 +2,7 @@
 
 ``python -m agent_stores_contract.checkpointer_workers COMMAND ARGS...``:
 
-* ``journal-append URL NAMESPACE RUN WORKER N`` — append N journal events with step ids
+* ``journal-append URL NAMESPACE RUN WORKER N [--barrier DIR K]`` — append N journal events with step ids
   ``<WORKER>-<i>`` and print one JSON line per append (``seq``, ``duplicate``).
 * ``step-fail URL NAMESPACE RUN_ID COUNTER_FILE`` — run an agent (``FunctionModel``) with
   ``StepPersistence`` on the store: it calls the ``work`` tool (which appends a line to
@@ -23,15 +23,24 @@ from typing import Any
 from agent_stores import open_checkpointer
 from agent_stores.checkpointer import JournalEvent
 
+from .workers import barrier_args, file_barrier
 
-async def journal_append(url: str, namespace: str, run_id: str, worker: str, count: str) -> None:
-    """Append ``count`` events to ``run_id``, one JSON line per append."""
+
+async def journal_append(*raw: str) -> None:
+    """``URL NAMESPACE RUN WORKER N [--barrier DIR K]``: append N events, one JSON line each."""
+    (url, namespace, run_id, worker, count), barrier = barrier_args(raw)
     async with open_checkpointer(url, namespace=namespace) as checkpointer:
+        await checkpointer.load(run_id)  # connected before the barrier
+        if barrier is not None:
+            await file_barrier(*barrier)
         for i in range(int(count)):
             result = await checkpointer.append(
                 run_id, JournalEvent.completed(f"{worker}-{i:04d}", {"worker": worker, "i": i})
             )
-            print(json.dumps({"seq": result.seq, "duplicate": result.duplicate}), flush=True)
+            print(
+                json.dumps({"seq": result.seq, "duplicate": result.duplicate, "worker": worker}),
+                flush=True,
+            )
 
 
 def _tool_returned(messages: list[Any]) -> bool:

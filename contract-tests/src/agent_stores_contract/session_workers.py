@@ -2,7 +2,7 @@
 
 ``python -m agent_stores_contract.session_workers COMMAND URL SESSION_ID ...``:
 
-``turns URL SESSION N LEASE``
+``turns URL SESSION N LEASE [--barrier DIR K]``
     N turns on one session; each appends two messages tagged ``<pid>-<i>`` and prints
     ``{"tag", "start", "end", "seen"}`` (wall-clock ns inside the turn, messages seen).
 ``hold URL SESSION LEASE``
@@ -39,6 +39,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from .workers import barrier_args, file_barrier
 
 # -- shared helpers ---------------------------------------------------------------------------
 
@@ -100,9 +102,17 @@ def emit(obj: dict[str, Any]) -> None:
 # -- workers ----------------------------------------------------------------------------------
 
 
-async def turns(url: str, session_id: str, count: str, lease: str) -> None:
-    """Run ``count`` turns, each appending two tagged messages; print one JSON line per turn."""
+async def turns(*raw: str) -> None:
+    """``URL SESSION N LEASE [--barrier DIR K]``: run N turns, each appending two tagged messages.
+
+    Prints one JSON line per turn. Behind the barrier, the processes start their turns
+    together, connected already.
+    """
+    (url, session_id, count, lease), barrier = barrier_args(raw)
     async with open_sessions(url, lease_seconds=float(lease)) as store:
+        await store.read_messages(session_id)  # connected before the barrier
+        if barrier is not None:
+            await file_barrier(*barrier)
         for i in range(int(count)):
             async with store.turn(session_id, timeout_seconds=180) as session:
                 start = time.time_ns()

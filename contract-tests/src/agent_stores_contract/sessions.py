@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -429,13 +430,16 @@ class SessionContract(ContractBase):
         assert final == [x for _, _, tag, _ in intervals for x in (f"q:{tag}", f"a:{tag}")]
 
     async def test_4_processes_on_one_session_never_overlap(
-        self, kv: KVStore, sessions: SessionStore, store_url: str, ns: str
+        self, kv: KVStore, sessions: SessionStore, store_url: str, ns: str, tmp_path: Path
     ) -> None:
-        """4 OS processes running turns on one session: intervals never overlap and the final history holds every turn, in order."""
+        """4 OS processes released together by a barrier take turns on one session (the session changes hands between them), intervals never overlap, and the final history holds every turn, in order."""
         require_processes(kv)
         sid = f"{ns}:procs"
         per_process = 8
-        procs = [await spawn("turns", store_url, sid, str(per_process), "3") for _ in range(4)]
+        barrier = ["--barrier", str(tmp_path), "4"]
+        procs = [
+            await spawn("turns", store_url, sid, str(per_process), "3", *barrier) for _ in range(4)
+        ]
         outputs = [await asyncio.wait_for(p.communicate(), 300) for p in procs]
         for proc, (_, err) in zip(procs, outputs, strict=True):
             assert proc.returncode == 0, err.decode()[-3000:]
@@ -444,6 +448,10 @@ class SessionContract(ContractBase):
             key=lambda t: t["start"],
         )
         assert len(turns) == 4 * per_process
+        owners = [t["tag"].split("-")[0] for t in turns]
+        switches = sum(1 for a, b in itertools.pairwise(owners) if a != b)
+        # One process after another would switch 3 times: more means they really competed.
+        assert switches > 3, f"the processes ran one after another ({switches} switches)"
         for before, after in itertools.pairwise(turns):
             assert before["end"] <= after["start"], f"{before['tag']} overlapped {after['tag']}"
         assert [t["seen"] for t in turns] == list(range(0, 8 * per_process, 2))

@@ -44,7 +44,8 @@ async def file_barrier(directory: str, parties: str) -> None:
         await asyncio.sleep(0.005)
 
 
-def _barrier_args(args: tuple[str, ...]) -> tuple[list[str], tuple[str, str] | None]:
+def barrier_args(args: tuple[str, ...]) -> tuple[list[str], tuple[str, str] | None]:
+    """Split a trailing ``--barrier DIR PARTIES`` off a worker's arguments."""
     rest = list(args)
     if "--barrier" in rest:
         index = rest.index("--barrier")
@@ -61,7 +62,7 @@ async def kv_increment(*raw: str) -> None:
     version and all but one must lose their first swap. Prints one JSON line per won
     swap and a last line ``{"conflicts": n}``.
     """
-    (url, scope, key, count), barrier = _barrier_args(raw)
+    (url, scope, key, count), barrier = barrier_args(raw)
     kv = open_kv(url)
     try:
         done = conflicts = 0
@@ -97,7 +98,7 @@ async def kv_create(*raw: str) -> None:
 
     Prints ``{"pid": ..., "won": bool, "version": str | null}``.
     """
-    (url, scope, key), barrier = _barrier_args(raw)
+    (url, scope, key), barrier = barrier_args(raw)
     kv = open_kv(url)
     try:
         if await kv.get(scope, key) is not None:
