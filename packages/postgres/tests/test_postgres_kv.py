@@ -126,7 +126,9 @@ async def test_commit_check_absent_waits_for_a_concurrent_insert(
             committing = asyncio.create_task(
                 kv.commit("c", [Check("d", None), Create("x", b"mine")])
             )
-            await asyncio.sleep(0.3)  # let the commit reach the lock it must wait on
+            await wait_for_a_lock_wait(postgres_url)
+            # The commit is really blocked on the open insert, not finished before it.
+            assert not committing.done(), "the commit did not wait for the concurrent insert"
             await other.commit()
             with pytest.raises(ConflictError) as info:
                 await committing
@@ -134,6 +136,24 @@ async def test_commit_check_absent_waits_for_a_concurrent_insert(
         assert await kv.get("c", "x") is None
         entry = await kv.get("c", "d")
         assert entry is not None and entry.version == "theirs"
+
+
+async def wait_for_a_lock_wait(postgres_url: str, within_seconds: float = 30) -> None:
+    """Return once some session of the database waits on a lock (fails after ``within_seconds``)."""
+    deadline = asyncio.get_running_loop().time() + within_seconds
+    async with await psycopg.AsyncConnection.connect(
+        libpq_conninfo(postgres_url), autocommit=True
+    ) as watcher:
+        while True:
+            cursor = await watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            row = await cursor.fetchone()
+            if row and int(row[0]) > 0:
+                return
+            assert asyncio.get_running_loop().time() < deadline, "no session ever waited on a lock"
+            await asyncio.sleep(0.02)
 
 
 def with_schema(url: str) -> str:

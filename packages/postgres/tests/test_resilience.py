@@ -109,16 +109,21 @@ async def test_killing_backends_during_traffic_never_double_applies(
     unknown_writes = 0
     other_errors: list[BaseException] = []
     stop = asyncio.Event()
+    killed = 0
 
     async def killer() -> None:
+        nonlocal killed
         async with await psycopg.AsyncConnection.connect(
             libpq_conninfo(postgres_url), autocommit=True
         ) as conn:
             while not stop.is_set():
-                await conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                cursor = await conn.execute(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))"
+                    " FROM pg_stat_activity WHERE application_name = %s",
                     (application,),
                 )
+                row = await cursor.fetchone()
+                killed += int(row[0]) if row else 0
                 await asyncio.sleep(0.015)
 
     async def worker() -> None:
@@ -152,6 +157,8 @@ async def test_killing_backends_during_traffic_never_double_applies(
     finally:
         stop.set()
         await killing
+    # The fault really happened: backends serving the workers were terminated mid-traffic.
+    assert killed > 0, "the killer never terminated a backend: nothing was tested"
     assert other_errors == []
     assert len(wins) == len(set(wins)), "a version was won twice"
     final = await kv.get("s", "counter")
@@ -229,6 +236,7 @@ async def test_create_that_never_arrived_reports_unknown_outcome(
     proxy.arm("drop_request")
     with pytest.raises(BackendUnavailableError) as info:
         await proxied.create("s", "k", b"v")
+    assert proxy.fired == 1
     assert "outcome could not be confirmed" in info.value.detail
     assert await proxied.get("s", "k") is None
     await proxied.create("s", "k", b"v")
@@ -241,12 +249,14 @@ async def test_conditional_delete_under_lost_messages(
     v1 = await proxied.create("s", "a", b"1")
     proxy.arm("drop_request")
     assert await proxied.delete("s", "a", expected_version=v1) is True
+    assert proxy.fired == 1
     assert await proxied.get("s", "a") is None
 
     v2 = await proxied.create("s", "b", b"1")
     proxy.arm("drop_response")
     with pytest.raises(BackendUnavailableError):
         await proxied.delete("s", "b", expected_version=v2)
+    assert proxy.fired == 2
     assert await proxied.get("s", "b") is None
 
 
