@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from agent_stores import BackendUnavailableError, ConflictError, ErrorCode, KVStore, open_kv
 from agent_stores_redis import lua
-from redis_test_support import PrivateServer
+from redis_test_support import PrivateServer, load_servers_module
 
 SECRET = "pw-9f2c-never-print-me"
 
@@ -102,6 +102,14 @@ async def test_restart_same_store_keeps_working(
         await kv.aclose()
 
 
+def server_stats(port: int) -> dict[str, str]:
+    """``INFO stats`` of the private server on ``port`` (this call is one connection too)."""
+    servers = load_servers_module()
+    text = str(servers.command(port, "INFO", "stats", password=SECRET))
+    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 @pytest.mark.parametrize("retries", [0, 3])
 async def test_concurrent_load_survives_restart(
     private_server: PrivateServer, retries: int
@@ -151,6 +159,7 @@ async def test_concurrent_load_survives_restart(
 
         tasks = [asyncio.create_task(worker()) for _ in range(8)]
         await asyncio.sleep(0.3)
+        wins_at_kill = wins
         await asyncio.to_thread(server.kill)
         await asyncio.sleep(0.2)
         await asyncio.to_thread(server.start)
@@ -160,6 +169,13 @@ async def test_concurrent_load_survives_restart(
         await asyncio.gather(*tasks)
         final = await kv.get("s", "counter")
         assert final is not None
+        # The crash hit live traffic: increments were being won when the server died, and
+        # the store's connections were cut (it had to connect to the restarted server).
+        assert wins_at_kill > 0, "no traffic was running when the server was killed"
+        stats = await asyncio.to_thread(server_stats, server.port)
+        assert int(stats.get("total_connections_received", "0")) >= 2, (
+            f"the store never reconnected to the restarted server: {stats}"
+        )
         if retries == 0:
             assert outages + unknown > 0, (
                 "the crash never hit an operation: the test proved nothing"
