@@ -38,6 +38,7 @@ import ast
 import asyncio
 import contextlib
 import functools
+import importlib
 import os
 import re
 import sys
@@ -291,6 +292,42 @@ def _compile(block: Block) -> CodeType:
     return code
 
 
+# OpenTelemetry's global providers can be set once per process; a page that sets them
+# (observability.md) must not leave its console exporters to the test modules after it.
+OTEL_GLOBALS = {
+    "opentelemetry.trace": ("_TRACER_PROVIDER", "_TRACER_PROVIDER_SET_ONCE"),
+    "opentelemetry.metrics._internal": ("_METER_PROVIDER", "_METER_PROVIDER_SET_ONCE"),
+}
+
+
+def _otel_globals() -> dict[tuple[str, str], Any]:
+    saved: dict[tuple[str, str], Any] = {}
+    for module_name, names in OTEL_GLOBALS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        provider, once = (getattr(module, name) for name in names)
+        saved[module_name, names[0]] = provider
+        saved[module_name, names[1]] = (type(once), once._done)
+    return saved
+
+
+def _restore_otel_globals(saved: dict[tuple[str, str], Any]) -> None:
+    for (module_name, name), value in saved.items():
+        if name.endswith("_ONCE"):
+            once_type, done = value
+            value = once_type()  # unfired unless it had fired before the page
+            if done:
+                value.do_once(lambda: None)
+        setattr(importlib.import_module(module_name), name, value)
+    # agent-stores caches its instruments; ones made while the page's provider was global
+    # would stay bound to it (proxies made before would rebind to the next provider).
+    from agent_stores import telemetry
+
+    telemetry._instruments.cache_clear()
+
+
 @dataclass
 class Page:
     """One page's namespace, event loop, working directory and prelude stores."""
@@ -307,6 +344,7 @@ class Page:
     closed: bool = False
     prelude_stores: dict[str, Any] = field(default_factory=dict)
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    otel: dict[tuple[str, str], Any] = field(default_factory=_otel_globals)
 
     def __post_init__(self) -> None:
         # A real module: dataclasses, pickling and typing look classes up by module name.
@@ -363,6 +401,7 @@ class Page:
             # A page may set variables (credentials, emulator hosts): none leaks to the next.
             os.environ.clear()
             os.environ.update(self.environ)
+            _restore_otel_globals(self.otel)
 
 
 @pytest.fixture(scope="module")
