@@ -356,7 +356,14 @@ class FirestoreKV(KVStore):
         )
 
     async def _run(self, call: Callable[[], Awaitable[T]], attempt: _Attempt | None = None) -> T:
-        """Run ``call`` with retries of transient failures; conflicts pass through."""
+        """Run ``call`` with retries of transient failures.
+
+        Conditional writes pass an ``attempt``: their conflicts pass through as answers.
+        For anything else a conflict-like status (a query's missing index is
+        FAILED_PRECONDITION) is a failure like any other.
+        """
+        from google.api_core.exceptions import GoogleAPICallError
+
         tries = 0
         while True:
             try:
@@ -366,6 +373,8 @@ class FirestoreKV(KVStore):
             except Exception as exc:
                 kind = _classify(exc)
                 if kind is None:
+                    if attempt is None and isinstance(exc, GoogleAPICallError):
+                        raise self._unavailable(exc) from exc
                     raise
                 retryable, maybe_applied = kind
                 if not retryable or tries >= self._retries:
