@@ -15,6 +15,7 @@ store (``memory_factory``); tests that check the storage layout say so.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -1088,7 +1089,7 @@ class MemoryContract(ContractBase):
         memory_prefix: str,
         memory_factory: MemoryFactory,
     ) -> None:
-        """50 appends from tasks and 3 OS processes appending at the same moment all land, each exactly once."""
+        """50 appends from tasks and 3 OS processes released together race (their lines interleave) and all land, each exactly once."""
         require_capability(
             kv,
             "shared_across_processes",
@@ -1135,6 +1136,11 @@ class MemoryContract(ContractBase):
             expected = [f"task-{i}" for i in range(50)]
             expected += [f"proc{p}-{j}" for p in range(3) for j in range(per_process)]
             assert Counter(_lines(whole.content)) == Counter(expected)
+            # Appended in order of landing: the 4 writers (tasks, 3 processes) one after
+            # another would switch 3 times; more proves the appends really raced.
+            sources = [line.split("-")[0] for line in _lines(whole.content)]
+            switches = sum(1 for a, b in itertools.pairwise(sources) if a != b)
+            assert switches > 3, f"the writers appended one after another ({switches} switches)"
         finally:
             for client in clients:
                 await client.aclose()
