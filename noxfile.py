@@ -31,7 +31,9 @@ import nox
 
 ROOT = Path(__file__).parent
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["tests", "contract", "lint", "docs"]
+nox.options.sessions = ["tests", "contract", "synaptum", "lint", "docs"]
+# A session whose Python is missing (3.13 for synaptum) fails instead of being skipped.
+nox.options.error_on_missing_interpreters = True
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = os.environ.get(
