@@ -170,12 +170,13 @@ async def test_acquire_sends_only_missing_chunks(redis_url: str) -> None:
     from agent_stores.sessions import AcquireRequest
 
     store = open_sessions(redis_url, tail_bytes=600)
+    sid = f"m-{uuid.uuid4().hex}"
     try:
         for i in range(4):
-            await turn(store, "m", f"t{i}", pad=400)
-        info = await store.inspect("m")
+            await turn(store, sid, f"t{i}", pad=400)
+        info = await store.inspect(sid)
         assert info is not None and info.chunk_count >= 2
-        scope = store.storage.scope_for("m")
+        scope = store.storage.scope_for(sid)
         held = store.storage.cache.keys(scope)
         assert len(held) == info.chunk_count
         port = store.storage.port
@@ -235,13 +236,14 @@ async def test_spilling_turns_stay_two_commands(private_server: PrivateServer) -
 
 async def test_other_client_in_between(redis_url: str) -> None:
     """When another client took a turn since our release, the next turn sees its messages."""
+    sid = f"x-{uuid.uuid4().hex}"
     a = open_sessions(redis_url)
     b = open_sessions(redis_url)
     try:
-        assert await turn(a, "x", "a1") == []
-        assert await turn(b, "x", "b1") == ["q:a1", "a:a1"]
-        assert await turn(a, "x", "a2") == ["q:a1", "a:a1", "q:b1", "a:b1"]
-        assert await turn(a, "x", "a3") == ["q:a1", "a:a1", "q:b1", "a:b1", "q:a2", "a:a2"]
+        assert await turn(a, sid, "a1") == []
+        assert await turn(b, sid, "b1") == ["q:a1", "a:a1"]
+        assert await turn(a, sid, "a2") == ["q:a1", "a:a1", "q:b1", "a:b1"]
+        assert await turn(a, sid, "a3") == ["q:a1", "a:a1", "q:b1", "a:b1", "q:a2", "a:a2"]
     finally:
         await a.aclose()
         await b.aclose()
@@ -249,17 +251,18 @@ async def test_other_client_in_between(redis_url: str) -> None:
 
 async def test_waiting_client_gets_the_courtesy(redis_url: str) -> None:
     """A waiting hint left by another client makes the script answer with the hand-over courtesy."""
+    sid = f"w-{uuid.uuid4().hex}"
     from agent_stores.sessions import Busy
 
     a = open_sessions(redis_url, handover_courtesy_seconds=5)
     b = open_sessions(redis_url)
     try:
-        await turn(a, "w", "a1")
-        await b.storage.note_waiting("w")
-        outcome = await a.storage.load_and_acquire("w", owner="again")
+        await turn(a, sid, "a1")
+        await b.storage.note_waiting(sid)
+        outcome = await a.storage.load_and_acquire(sid, owner="again")
         assert isinstance(outcome, Busy) and outcome.retry_after is not None
         assert 0 < outcome.retry_after <= 5
-        assert await turn(b, "w", "b1") == ["q:a1", "a:a1"]
+        assert await turn(b, sid, "b1") == ["q:a1", "a:a1"]
     finally:
         await a.aclose()
         await b.aclose()
@@ -267,28 +270,29 @@ async def test_waiting_client_gets_the_courtesy(redis_url: str) -> None:
 
 async def test_lost_lease_writes_no_chunks(redis_url: str) -> None:
     """A stale owner's spilling save raises SESSION_LEASE_LOST and writes neither state nor chunks."""
+    sid = f"l-{uuid.uuid4().hex}"
     owner = open_sessions(redis_url)
     thief = open_sessions(redis_url)
     offset_clock(thief.kv, 31)  # the thief sees the owner's 30 s lease as expired
     try:
-        await turn(owner, "l", "warm")
+        await turn(owner, sid, "warm")
         taken = asyncio.Event()
 
         async def steal() -> None:
-            async with thief.turn("l", timeout_seconds=5) as session:
+            async with thief.turn(sid, timeout_seconds=5) as session:
                 session.replace(pair("thief"))
             taken.set()
 
         with pytest.raises(LeaseLostError):  # noqa: PT012 (the error leaves the block itself)
-            async with owner.turn("l") as session:
+            async with owner.turn(sid) as session:
                 big = [m for i in range(20) for m in pair(f"stale{i}", pad=4000)]
                 session.replace([*session.messages, *big])
                 await asyncio.gather(steal(), asyncio.wait_for(taken.wait(), 30))
         await owner.storage.drain()
-        scope = owner.storage.scope_for("l")
+        scope = owner.storage.scope_for(sid)
         chunks = [i.key async for i in owner.kv.iter_scan(scope, prefix=CHUNK_PREFIX)]
         assert chunks == []
-        assert texts(await thief.read_messages("l") or []) == ["q:thief", "a:thief"]
+        assert texts(await thief.read_messages(sid) or []) == ["q:thief", "a:thief"]
     finally:
         await owner.aclose()
         await thief.aclose()
@@ -296,6 +300,7 @@ async def test_lost_lease_writes_no_chunks(redis_url: str) -> None:
 
 async def test_native_store_from_ready_client(standalone_url: str) -> None:
     """connect(ready_client).sessions() is native too, and leaves the client open."""
+    sid = f"c-{uuid.uuid4().hex}"
     from agent_stores import StoreURL
 
     parsed = StoreURL.parse(standalone_url)
@@ -304,8 +309,8 @@ async def test_native_store_from_ready_client(standalone_url: str) -> None:
         conn = connect(client, prefix=parsed.query_get("prefix") or "p")
         store = conn.sessions()
         assert isinstance(store, RedisSessionStore)
-        await turn(store, "c", "one")
-        assert await turn(store, "c", "two") == ["q:one", "a:one"]
+        await turn(store, sid, "one")
+        assert await turn(store, sid, "two") == ["q:one", "a:one"]
         await store.aclose()
         await conn.aclose()
         assert await client.ping() is True

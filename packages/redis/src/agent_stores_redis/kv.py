@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 #: Native expiry fires this long after the entry's own expiry: margin for the round trip
 #: and for clock drift. Native expiry is only garbage collection.
 GC_GRACE_MS = 1000
+#: Connections a client built from a URL opens at most (then commands wait for one).
+DEFAULT_MAX_CONNECTIONS = 100
 #: Entries deleted per ``drop_scope`` script call, so one erasure never blocks Redis long.
 DROP_BATCH = 500
 #: How many scopes ``scopes()`` checks for liveness at once.
@@ -83,7 +85,19 @@ def _build_client(settings: RedisSettings) -> Any:
         first = (kwargs.pop("host"), kwargs.pop("port"))
         nodes = [ClusterNode(host, port) for host, port in (first, *settings.startup_nodes)]
         return RedisCluster(startup_nodes=nodes, retry=retry, **kwargs)
-    return Redis(retry=retry, **kwargs)
+    from redis.asyncio import BlockingConnectionPool
+
+    # A burst of concurrent turns (plus their background chunk deletes) must wait for a
+    # pooled connection, not fail: redis-py's default pool raises "Too many connections".
+    max_connections = kwargs.pop("max_connections", None) or DEFAULT_MAX_CONNECTIONS
+    template = Redis(retry=retry, **kwargs).connection_pool
+    pool = BlockingConnectionPool(
+        connection_class=template.connection_class,
+        max_connections=max_connections,
+        timeout=None,
+        **template.connection_kwargs,
+    )
+    return Redis.from_pool(pool)
 
 
 def _classify(exc: BaseException) -> tuple[bool | None, bool]:

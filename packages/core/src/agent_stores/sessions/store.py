@@ -134,6 +134,7 @@ class _Turn:
         self.session: Session | None = None
         self._task: asyncio.Task[Any] | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._renew_timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
         self._lock = asyncio.Lock()
         self._done = asyncio.Event()
@@ -176,12 +177,22 @@ class _Turn:
         self.handle = handle
         self.session = Session(self, handle)
         self.store._active.add(self)
-        self._renewer = asyncio.get_running_loop().create_task(
-            self._renew_loop(), name=f"agent-stores lease {self.session_id[:40]}"
+        # Most turns end long before the first renewal is due: a timer until then, so a
+        # turn costs no renewal task (nor its sleeps) unless it lasts a third of the lease.
+        self._renew_timer = asyncio.get_running_loop().call_later(
+            self.store.lease_seconds / 3, self._start_renewal
         )
         return self.session
 
     # -- renewal --------------------------------------------------------------------------
+
+    def _start_renewal(self) -> None:
+        self._renew_timer = None
+        if self._stop.is_set():
+            return
+        self._renewer = asyncio.get_running_loop().create_task(
+            self._renew_loop(sleep_first=False), name=f"agent-stores lease {self.session_id[:40]}"
+        )
 
     async def _sleep_or_stop(self, seconds: float) -> bool:
         """Sleep ``seconds``; True when asked to stop meanwhile."""
@@ -191,14 +202,16 @@ class _Turn:
             return self._stop.is_set()
         return True
 
-    async def _renew_loop(self) -> None:
+    async def _renew_loop(self, *, sleep_first: bool = True) -> None:
         assert self.handle is not None
         handle = self.handle
         lease = self.store.lease_seconds
         # Declare the lease lost a little before it expires, so the owner is interrupted
         # before anyone else may take the session over.
         margin = min(lease * 0.1, 1.0)
-        while not await self._sleep_or_stop(lease / 3):
+        due = not sleep_first
+        while due or not await self._sleep_or_stop(lease / 3):
+            due = False
             backoff = min(0.05, lease / 20)
             while True:
                 try:
@@ -263,6 +276,9 @@ class _Turn:
             outer_cancel = self._task.uncancel() > 0
         try:
             self._stop.set()
+            if self._renew_timer is not None:
+                self._renew_timer.cancel()
+                self._renew_timer = None
             if self._renewer is not None:
                 await asyncio.shield(self._renewer)
             failure = self._failure
