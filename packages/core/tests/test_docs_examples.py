@@ -6,8 +6,8 @@ The rules (also in docs/design.md, "The examples in the docs run"):
   temporary working directory (``sqlite:///agent.db`` lands there). Top-level ``await`` is
   allowed; a top-level ``asyncio.run(main())`` statement runs as ``await main()`` on the
   page's loop.
-* The namespace starts with a prelude, closed after the page: ``model`` (that same
-  ``TestModel``), ``agent`` (an ``Agent`` on it), ``sessions``, ``memory`` and
+* The namespace starts with a prelude, closed after the page: ``model`` (the
+  ``TestModel`` below), ``agent`` (an ``Agent`` on it), ``sessions``, ``memory`` and
   ``checkpointer`` (open on a fresh ``memory://`` URL) and ``run_id``. When a block rebinds
   one of those three names to a store it has closed already (a first example's
   ``async with open_checkpointer(…) as checkpointer:``), the name gets the prelude's open
@@ -30,6 +30,8 @@ The rules (also in docs/design.md, "The examples in the docs run"):
   (``CI=true``) or ``nox -s tests`` that is a failure.
 * ``<!-- not-run: reason -->`` on the line before a fence leaves that block out; the
   reason is mandatory (``test_not_run_blocks_give_a_reason``).
+* Every page's first example opens and closes its stores with ``async with``
+  (``test_first_example_opens_stores_with_async_with``).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>`{3,})\s*(?P<lang>[\w+-]*)[^\n]*$")
-NOT_RUN = re.compile(r"<!--\s*not-run:(?P<reason>.*?)-->")
+NOT_RUN = re.compile(r"<!--\s*not-run\b:?(?P<reason>.*?)-->")
 
 # scheme -> the environment variable naming its test server (set by nox, see noxfile.py)
 SERVER_ENV = {
@@ -273,20 +275,19 @@ class _Adapt(ast.NodeTransformer):
             return ast.copy_location(call, node)
         return node
 
-    def visit_Expr(self, node: ast.Expr) -> ast.AST:
+
+def _compile(block: Block) -> CodeType:
+    tree = ast.parse(block.source, filename=block.id)
+    for statement in tree.body:
         # A top-level ``asyncio.run(x)`` runs as ``await x`` on the page's loop.
-        value = node.value
+        value = statement.value if isinstance(statement, ast.Expr) else None
         if (
             isinstance(value, ast.Call)
             and _call_name(value.func) == "asyncio.run"
             and len(value.args) == 1
         ):
-            node.value = ast.copy_location(ast.Await(value.args[0]), value)
-        return self.generic_visit(node)
-
-
-def _compile(block: Block) -> CodeType:
-    tree = ast.parse(block.source, filename=block.id)
+            assert isinstance(statement, ast.Expr)
+            statement.value = ast.copy_location(ast.Await(value.args[0]), value)
     adapted = ast.fix_missing_locations(_Adapt().visit(tree))
     code: CodeType = compile(adapted, block.id, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     return code
