@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from agent_stores import StoreURL, connect
+from agent_stores import StoreURL, connect, telemetry
 from agent_stores.capabilities import session_checkpoints
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -49,11 +49,13 @@ def otel() -> Iterator[tuple[InMemorySpanExporter, InMemoryMetricReader]]:
         trace.set_tracer_provider(provider)
     meter_provider = MeterProvider(metric_readers=[reader])
     metrics.set_meter_provider(meter_provider)
+    telemetry._instruments.cache_clear()  # instruments made under an earlier provider
     yield exporter, reader
     # The global providers stay for the rest of the process; stop keeping what they record.
     processor.shutdown()
     exporter.clear()
     meter_provider.shutdown()
+    telemetry._instruments.cache_clear()
 
 
 def _postgres_servers() -> ModuleType:
