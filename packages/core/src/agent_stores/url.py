@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, overload
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from .errors import ConfigError, MalformedURLError, UnknownOptionError
@@ -191,6 +191,26 @@ class StoreURL:
             raise ConfigError(detail=f"{name} must be an integer, got {raw!r}") from None
         _check_bounds(name, value, minimum, maximum)
         return value
+
+    @overload
+    def float_option(
+        self,
+        name: str,
+        default: float,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> float: ...
+
+    @overload
+    def float_option(
+        self,
+        name: str,
+        default: None,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+    ) -> float | None: ...
 
     def float_option(
         self,

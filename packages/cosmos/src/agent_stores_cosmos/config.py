@@ -54,8 +54,6 @@ KNOWN_OPTIONS = frozenset(
     }
 )
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 # The prefix is part of the partition key value, separated from the scope by '/' or '#'.
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 # Database and container ids may not contain / \ ? # (Cosmos resource id rules).
@@ -94,25 +92,6 @@ def check_prefix(prefix: str) -> str:
             "'.', '_', ':' or '-' (it is part of every partition key value)"
         )
     return prefix
-
-
-def _bool(name: str, raw: str, where: str) -> bool:
-    lowered = raw.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ConfigError(detail=f"{where}: {name} must be true or false, got {raw!r}")
-
-
-def _number(name: str, raw: str, where: str, *, minimum: float) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(detail=f"{where}: {name} must be a number, got {raw!r}") from None
-    if value != value or value < minimum:  # NaN or too small
-        raise ConfigError(detail=f"{where}: {name} must be >= {minimum}, got {raw!r}")
-    return value
 
 
 def parse_connection_string(text: str) -> tuple[str, str]:
@@ -158,34 +137,12 @@ def _path_names(path: str, where: str) -> tuple[str, str]:
     return database, container
 
 
-def parse_url(url: StoreURL | str) -> CosmosSettings:
-    """Parse a ``cosmos://`` URL into :class:`CosmosSettings`; :class:`ConfigError` on anything odd.
-
-    Error messages show the URL through :meth:`StoreURL.render`, never its key.
-    """
-    url = StoreURL.parse(url)
+def _endpoint_and_key(url: StoreURL, auth: str) -> tuple[str, str | None]:
+    """The account endpoint, and the key from ``?key=``, the environment or a connection string."""
     where = url.render()
-    if url.scheme != "cosmos":
-        raise ConfigError(detail=f"{where}: not a Cosmos URL (expected cosmos://…)")
-    unknown = sorted({k for k, _ in url.query} - KNOWN_OPTIONS)
-    if unknown:
-        raise ConfigError(
-            detail=f"{where}: unknown query option(s) {unknown}; known: "
-            f"{', '.join(sorted(KNOWN_OPTIONS))}"
-        )
-    if url.username or url.password:
-        raise ConfigError(
-            detail=f"{where}: put the account key in ?key= or ${KEY_ENV}, not in the user info"
-        )
-    q = url.query_get
-    database, container = _path_names(url.path, where)
-
-    auth = (q("auth") or "key").strip().lower()
-    if auth not in ("key", "entra"):
-        raise ConfigError(detail=f"{where}: auth must be key or entra, got {q('auth')!r}")
-    key = q("key")
+    key = url.query_get("key")
     if url.host:
-        tls = _bool("tls", q("tls") or "true", where)
+        tls = url.bool_option("tls", True)
         netloc = f"[{url.host}]" if ":" in url.host else url.host
         if url.port is not None:
             netloc += f":{url.port}"
@@ -200,7 +157,7 @@ def parse_url(url: StoreURL | str) -> CosmosSettings:
                 f"CONTAINER, or set ${CONNECTION_STRING_ENV}"
             )
         endpoint, conn_key = parse_connection_string(text)
-        if q("tls") is not None:
+        if url.query_get("tls") is not None:
             raise ConfigError(detail=f"{where}: tls comes from AccountEndpoint here")
         key = key or conn_key
     if auth == "key" and not key:
@@ -209,43 +166,43 @@ def parse_url(url: StoreURL | str) -> CosmosSettings:
         )
     if auth == "entra" and key:
         raise ConfigError(detail=f"{where}: auth=entra takes no key")
+    return endpoint, key
 
-    emulator = q("emulator")
-    if emulator is not None and emulator not in EMULATORS:
+
+def parse_url(url: StoreURL | str) -> CosmosSettings:
+    """Parse a ``cosmos://`` URL into :class:`CosmosSettings`; :class:`ConfigError` on anything odd.
+
+    Error messages show the URL through :meth:`StoreURL.render`, never its key.
+    """
+    url = StoreURL.parse(url)
+    where = url.render()
+    if url.scheme != "cosmos":
+        raise ConfigError(detail=f"{where}: not a Cosmos URL (expected cosmos://…)")
+    url.check_query(*KNOWN_OPTIONS)
+    if url.username or url.password:
         raise ConfigError(
-            detail=f"{where}: emulator must be one of {sorted(EMULATORS)}, got {emulator!r}"
+            detail=f"{where}: put the account key in ?key= or ${KEY_ENV}, not in the user info"
         )
-    raw_discovery = q("endpoint_discovery")
-    # The test server advertises https:// locations it does not serve: discovery must be off.
-    discovery = (
-        _bool("endpoint_discovery", raw_discovery, where)
-        if raw_discovery is not None
-        else emulator is None
-    )
-    raw = q("timeout")
-    timeout = DEFAULT_TIMEOUT if raw is None else _number("timeout", raw, where, minimum=0.1)
-    raw = q("throttle_retries")
-    retries = (
-        DEFAULT_THROTTLE_RETRIES
-        if raw is None
-        else int(_number("throttle_retries", raw, where, minimum=0))
-    )
-    raw = q("throttle_wait")
-    wait = DEFAULT_THROTTLE_WAIT if raw is None else _number("throttle_wait", raw, where, minimum=0)
-    raw_prefix = q("prefix")
+    database, container = _path_names(url.path, where)
+    auth = url.choice_option("auth", "key", ["key", "entra"])
+    endpoint, key = _endpoint_and_key(url, auth)
+    emulator = url.query_get("emulator")
+    if emulator is not None:
+        emulator = url.choice_option("emulator", emulator, sorted(EMULATORS))
     return CosmosSettings(
         endpoint=endpoint,
         database=database,
         container=container,
-        prefix=check_prefix(DEFAULT_PREFIX if raw_prefix is None else raw_prefix),
+        prefix=check_prefix(url.query_get("prefix", DEFAULT_PREFIX) or ""),
         auth=auth,
         key=key,
-        create=_bool("create", q("create") or "true", where),
+        create=url.bool_option("create", True),
         emulator=emulator,
-        endpoint_discovery=discovery,
-        timeout=timeout,
-        throttle_retries=retries,
-        throttle_wait=wait,
+        # The test server advertises https:// locations it does not serve: discovery must be off.
+        endpoint_discovery=url.bool_option("endpoint_discovery", emulator is None),
+        timeout=url.float_option("timeout", DEFAULT_TIMEOUT, minimum=0.1),
+        throttle_retries=url.int_option("throttle_retries", DEFAULT_THROTTLE_RETRIES, minimum=0),
+        throttle_wait=url.float_option("throttle_wait", DEFAULT_THROTTLE_WAIT, minimum=0),
         # A connection-string URL has no host: name the endpoint (it holds no secret).
         location=where if url.host else f"{where} (endpoint {endpoint})",
     )
