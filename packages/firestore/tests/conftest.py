@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from agent_stores import StoreURL
 from firestore_test_support import URL_ENV, emulator_port, server, with_fresh_prefix
 
 
@@ -21,7 +22,7 @@ def firestore_base_url() -> Iterator[str]:
     """The emulator's URL for this test session (from the environment, or a private one)."""
     given = os.environ.get(URL_ENV)
     if given:
-        server.reset(emulator_port(given))
+        server.reset(emulator_port(given), StoreURL.parse(given).host or server.PROJECT)
         yield given
         return
     problems = server.missing()
