@@ -439,6 +439,15 @@ def synaptum(session: nox.Session) -> None:
         "packages/core/tests/test_checkpointer_synaptum.py",
         *session.posargs,
     )
+    # The Synaptum examples of docs/checkpointer.md (skipped where synaptum is missing).
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "packages/core/tests/test_docs_examples.py",
+        "-k",
+        "checkpointer.md",
+    )
 
 
 @nox.session(python=PYTHON)

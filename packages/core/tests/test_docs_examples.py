@@ -28,6 +28,8 @@ The rules (also in docs/design.md, "The examples in the docs run"):
   tool with made-up arguments (reading memory files that do not exist).
 * A block needing a server whose variable is unset is skipped locally; under CI
   (``CI=true``) or ``nox -s tests`` that is a failure.
+* A block importing a module that cannot be installed everywhere (``synaptum``: Python
+  >= 3.13) is skipped where it is missing; ``nox -s synaptum`` runs it.
 * ``<!-- not-run: reason -->`` on the line before a fence leaves that block out; the
   reason is mandatory (``test_not_run_blocks_give_a_reason``).
 * Every page's first example opens and closes its stores with ``async with``
@@ -41,6 +43,7 @@ import asyncio
 import contextlib
 import functools
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -293,6 +296,29 @@ def _compile(block: Block) -> CodeType:
     return code
 
 
+# Modules a block may need that cannot be installed everywhere: the block alone is skipped
+# where they are missing (the page goes on), and the named session runs it.
+OPTIONAL_MODULES = {
+    "synaptum": "synaptum needs Python >= 3.13; nox -s synaptum runs this block",
+}
+
+
+def _missing_optional_module(block: Block) -> str | None:
+    for node in ast.walk(ast.parse(block.source)):
+        names = (
+            [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        for name in names:
+            top = name.partition(".")[0]
+            if top in OPTIONAL_MODULES and importlib.util.find_spec(top) is None:
+                return OPTIONAL_MODULES[top]
+    return None
+
+
 # OpenTelemetry's global providers can be set once per process; a page that sets them
 # (observability.md) must not leave its console exporters to the test modules after it.
 OTEL_GLOBALS = {
@@ -435,6 +461,11 @@ def _run_through(page: Page, block: Block) -> None:
         _stop_if_failed(page)
         page.done = earlier.number
         if earlier.not_run is not None:
+            continue
+        missing = _missing_optional_module(earlier)
+        if missing is not None:
+            if earlier is block:
+                pytest.skip(missing)
             continue
         try:
             page.run(earlier)
