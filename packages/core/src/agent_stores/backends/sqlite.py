@@ -18,6 +18,7 @@ import concurrent.futures
 import os
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -75,6 +76,10 @@ def _prefix_range(sql: str, params: list[Any], column: str, prefix: str) -> tupl
     return sql, params
 
 
+class _Busy(Exception):
+    """An inline statement met a lock held by another connection (nothing written)."""
+
+
 class SQLiteKV(KVStore):
     """KV store in one SQLite file (WAL). Safe across tasks, threads and OS processes."""
 
@@ -99,6 +104,9 @@ class SQLiteKV(KVStore):
         self._busy_timeout_ms = busy_timeout_ms
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        # Held by whoever uses the connection: the worker thread, or the event loop's
+        # thread running a statement inline (see _run).
+        self._conn_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: StoreURL, **options: Any) -> SQLiteKV:
@@ -177,23 +185,51 @@ class SQLiteKV(KVStore):
             delay = min(delay * 2, 0.1)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        if conn is not None and self._conn_lock.acquire(blocking=False):
+            # Inline on the event loop's thread when the connection is free and no lock
+            # must be waited for (busy timeout 0): a local statement takes microseconds,
+            # a hop to the worker thread and back costs more than the statement. A busy
+            # database (another process writing) goes to the worker, which waits.
+            try:
+                return self._inline(conn, fn)
+            except _Busy:
+                pass
+            finally:
+                self._conn_lock.release()
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="agent-stores-sqlite"
             )
 
         def call() -> T:
-            try:
-                return fn(self._connect())
-            except sqlite3.OperationalError as exc:
-                raise BackendUnavailableError(detail=f"{self.describe()}: {exc}") from exc
-            except sqlite3.DatabaseError as exc:
-                raise BackendUnavailableError(
-                    detail=f"{self.describe()}: database error: {exc}"
-                ) from exc
+            with self._conn_lock:
+                try:
+                    return fn(self._connect())
+                except sqlite3.OperationalError as exc:
+                    raise BackendUnavailableError(detail=f"{self.describe()}: {exc}") from exc
+                except sqlite3.DatabaseError as exc:
+                    raise BackendUnavailableError(
+                        detail=f"{self.describe()}: database error: {exc}"
+                    ) from exc
 
         # Future from a private executor: independent of which event loop awaits it.
         return await asyncio.wrap_future(self._executor.submit(call))
+
+    def _inline(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            return fn(conn)
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise _Busy from exc  # nothing was written: run it on the worker
+            raise BackendUnavailableError(detail=f"{self.describe()}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise BackendUnavailableError(
+                detail=f"{self.describe()}: database error: {exc}"
+            ) from exc
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
 
     async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction on the worker thread (one
@@ -254,9 +290,10 @@ class SQLiteKV(KVStore):
             return
 
         def close() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            with self._conn_lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
 
         await asyncio.wrap_future(executor.submit(close))
         executor.shutdown(wait=False)
