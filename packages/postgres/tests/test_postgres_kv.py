@@ -179,5 +179,5 @@ def test_limits_documented_default() -> None:
     """The advertised value limit is the documented default (4 MiB) and follows the URL."""
     kv = PostgresKV.from_url("postgresql://localhost/db")
     assert kv.limits.max_value_bytes == DEFAULT_MAX_VALUE_BYTES == 4 << 20
-    small = PostgresKV.from_url("postgresql://localhost/db?max_value_bytes=1000")
-    assert small.limits.max_value_bytes == 1000
+    small = PostgresKV.from_url("postgresql://localhost/db?max_value_bytes=2048")
+    assert small.limits.max_value_bytes == 2048

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_stores.errors import ConfigError
+from agent_stores.kv.base import MIN_VALUE_BYTES
 from agent_stores.url import StoreURL
 
 DEFAULT_SCHEMA = "public"
@@ -116,10 +117,10 @@ class PostgresConfig:
             raise ConfigError(
                 detail=f"postgresql: pool_timeout must be in (0, 3600] seconds, got {self.pool_timeout}"
             )
-        if not 1 <= self.max_value_bytes <= MAX_MAX_VALUE_BYTES:
+        if not MIN_VALUE_BYTES <= self.max_value_bytes <= MAX_MAX_VALUE_BYTES:
             raise ConfigError(
-                detail=f"postgresql: max_value_bytes must be between 1 and {MAX_MAX_VALUE_BYTES}, "
-                f"got {self.max_value_bytes}"
+                detail=f"postgresql: max_value_bytes must be between {MIN_VALUE_BYTES} and "
+                f"{MAX_MAX_VALUE_BYTES}, got {self.max_value_bytes}"
             )
         if not math.isfinite(self.purge_interval) or self.purge_interval < 0:
             raise ConfigError(
