@@ -189,6 +189,12 @@ def _call_name(func: ast.expr) -> str:
     return ""
 
 
+def _is_store_call(call: ast.Call) -> bool:
+    """``connect(…)`` / ``agent_stores.open_sessions(…)``, not ``sqlite3.connect(…)``."""
+    name = _call_name(call.func).removeprefix("agent_stores.")
+    return name in STORE_CALLS
+
+
 def _is_driver_call(call: ast.Call) -> bool:
     name = _call_name(call.func)
     return any(name == known or name.endswith(f".{known}") for known in DRIVER_CALLS)
@@ -258,7 +264,7 @@ class _Adapt(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         if _is_driver_call(node):
             self.driver_literals.update(id(arg) for arg in node.args)
-        elif _call_name(node.func).rpartition(".")[2] in STORE_CALLS:
+        elif _is_store_call(node):
             for keyword in node.keywords:
                 if keyword.arg in ISOLATION_KEYWORDS and isinstance(keyword.value, ast.Constant):
                     fresh = uuid.uuid4().hex[:10]
@@ -520,7 +526,7 @@ def _stores_opened_outside_async_with(source: str) -> list[str]:
         for node in ast.walk(tree)
         if isinstance(node, ast.Call)
         and not _is_driver_call(node)
-        and _call_name(node.func).rpartition(".")[2] in STORE_CALLS
+        and _is_store_call(node)
         and id(node) not in managed
     ]
 
