@@ -138,6 +138,7 @@ class KVMachine(RuleBasedStateMachine):
         self.prefix = f"{self.namespace}-{type(self).examples:05d}"
         self.model = Model(now=float(int(time.time())))
         self.seen_versions: set[str] = set()
+        self.touched: set[str] = set()
         self.store.clock = lambda: self.model.now
 
     # -- helpers ----------------------------------------------------------------------
@@ -147,7 +148,9 @@ class KVMachine(RuleBasedStateMachine):
         return result
 
     def scope(self, suffix: str) -> str:
-        return self.prefix + suffix
+        name = self.prefix + suffix
+        self.touched.add(name)
+        return name
 
     def pick(self, scope: str, which: int | str) -> str:
         if isinstance(which, str):
@@ -473,8 +476,8 @@ class KVMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         # The suite cleans up after itself, also on a shared server.
-        for suffix in SCOPE_SUFFIXES:
-            self.run(self.store.drop_scope(self.scope(suffix)))
+        for name in sorted(self.touched):
+            self.run(self.store.drop_scope(name))
 
 
 def run_model(store: KVStore, namespace: str, runner: Runner, *, examples: int, steps: int) -> None:
