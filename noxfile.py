@@ -514,7 +514,14 @@ def bench(session: nox.Session) -> None:
         side: list[str] = []
         for name in ("redis", "postgres", "cosmos", "firestore"):
             available, urls = BACKENDS[name]
-            if available():
+            server = _server_module(name) if name == "postgres" else None
+            if server is not None and server.machine_server_available():
+                # Durable commits, as in production: a throwaway cluster runs with fsync
+                # off, which hides exactly what one-commit writes save.
+                found = stack.enter_context(server.postgres_server(throwaway=False))
+                args += [f"--{name}", found[name]]
+                side += [f"--{name}", found[name]]
+            elif available():
                 found = stack.enter_context(urls())
                 args += [f"--{name}", found[name]]
                 if name in ("redis", "postgres"):
