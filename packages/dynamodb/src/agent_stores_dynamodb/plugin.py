@@ -55,6 +55,9 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
         return None
     from agent_stores.sessions import SessionStore
 
-    from .sessions import DynamoDBSessionPort
+    from .sessions import HANDOVER_COURTESY_SECONDS, DynamoDBSessionPort
 
+    # A DynamoDB request takes milliseconds, not Redis's microseconds: a waiting client
+    # needs a wider window to take a released session (only used when one is waiting).
+    options = {"handover_courtesy_seconds": HANDOVER_COURTESY_SECONDS, **options}
     return SessionStore(kv, port=DynamoDBSessionPort(kv), **options)

@@ -41,6 +41,10 @@ from .kv import TRANSACTION_MAX_ITEMS, DynamoDBKV
 
 #: Sessions whose last saved state a port remembers (least recently used dropped first).
 REMEMBERED_SESSIONS = 4096
+#: Default ``handover_courtesy_seconds`` of session stores on DynamoDB: how long a store
+#: that just released a session lets a waiting client take it (core default: 0.1 s, sized
+#: for sub-millisecond backends; a waiter here needs a few requests of milliseconds each).
+HANDOVER_COURTESY_SECONDS = 0.5
 
 
 class DynamoDBSessionPort:
