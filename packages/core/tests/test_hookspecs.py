@@ -24,14 +24,15 @@ def test_expected_hooks_exist() -> None:
     assert set(_hookspecs()) == {
         "register_backends",
         "kv_from_client",
+        "session_port",
+        "memory_port",
+        "journal_port",
         "session_store",
-        "memory_store",
-        "checkpointer",
     }
 
 
 def test_store_hooks_are_firstresult() -> None:
-    for name in ("kv_from_client", "session_store", "memory_store", "checkpointer"):
+    for name in ("kv_from_client", "session_port", "memory_port", "journal_port", "session_store"):
         opts = getattr(hookspecs, name).agent_stores_spec
         assert opts["firstresult"] is True, name
 

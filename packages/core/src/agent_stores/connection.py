@@ -12,7 +12,7 @@ in a KV store that never closes the client.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Unpack, cast
+from typing import TYPE_CHECKING, Any, Unpack
 
 from .errors import ConfigError
 from .kv.base import KVStore
@@ -47,30 +47,32 @@ class StoreConnection(AsyncCloseable):
 
     # Store constructors take ``(kv, *, owns_kv=False, **options)``: a store that owns its
     # KV closes it in its own ``aclose``; stores from a connection share the connection's.
+    # Each store asks the plugins for its backend's native port itself (``*_port`` hooks),
+    # so building one directly from a KV store gives the same path as these methods.
 
     def sessions(self, *, owns_kv: bool = False, **options: Unpack[SessionOptions]) -> SessionStore:
         """The session store on this connection (native if the backend offers one)."""
-        native = get_registry().hook.session_store(
-            url=self.url, kv=self.kv, options={**options, "owns_kv": owns_kv}
-        )
-        if native is not None:
-            return cast("SessionStore", native)
         try:
             from .sessions import SessionStore
         except ImportError as exc:
             if exc.name and exc.name.startswith("pydantic_ai"):
                 raise _needs_harness("session store", exc) from exc
             raise
+        custom = get_registry().hook.session_store(
+            url=self.url, kv=self.kv, options={**options, "owns_kv": owns_kv}
+        )
+        if custom is not None:
+            if not isinstance(custom, SessionStore):
+                raise ConfigError(
+                    detail=f"a plugin's session_store hook returned {type(custom).__qualname__}, "
+                    "which is not a SessionStore"
+                )
+            return custom
 
         return SessionStore(self.kv, owns_kv=owns_kv, **options)
 
     def memory(self, *, owns_kv: bool = False, **options: Unpack[MemoryOptions]) -> KVMemoryStore:
         """The memory store on this connection (native if the backend offers one)."""
-        native = get_registry().hook.memory_store(
-            url=self.url, kv=self.kv, options={**options, "owns_kv": owns_kv}
-        )
-        if native is not None:
-            return cast("KVMemoryStore", native)
         try:
             from .memory import KVMemoryStore
         except ImportError as exc:
@@ -84,11 +86,6 @@ class StoreConnection(AsyncCloseable):
         self, *, owns_kv: bool = False, **options: Unpack[CheckpointerOptions]
     ) -> Checkpointer:
         """The run journal / step store on this connection (native if the backend offers one)."""
-        native = get_registry().hook.checkpointer(
-            url=self.url, kv=self.kv, options={**options, "owns_kv": owns_kv}
-        )
-        if native is not None:
-            return cast("Checkpointer", native)
         try:
             from .checkpointer import Checkpointer
         except ImportError as exc:

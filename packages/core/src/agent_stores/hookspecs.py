@@ -12,10 +12,12 @@ A minimal backend plugin::
         register("mydb", "my_package.kv:MyDBKV.from_url", description="MyDB")
 
 Nothing of the backend is imported until a URL with its scheme is opened: the factory
-is an import string. The ``*_store`` hooks let a backend plug its *native port* into the
-core store (``SessionStore(kv, port=MyPort(kv), **options)``: the few operations it can
-do natively, see ``docs/plugins.md``, "Native paths"); they are ``firstresult`` and must
-return None for URLs that are not theirs.
+is an import string. The ``*_port`` hooks let a backend plug its *native port* (the few
+operations it can do natively, see ``docs/plugins.md``, "Native paths") into the core
+stores: every store asks for one when it is built without an explicit ``port``, so
+``SessionStore(kv)`` gets the same native path as ``open_sessions(url)``. They are
+``firstresult`` and must return None for KV stores that are not theirs; what they return
+is checked against the port protocol.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pluggy
 
 if TYPE_CHECKING:
+    from .checkpointer.port import JournalPort
     from .kv.base import KVStore
+    from .memory.port import MemoryPort
+    from .sessions.port import SessionPort
     from .url import StoreURL
 
 PROJECT_NAME = "agent_stores"
@@ -77,30 +82,37 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
 
 
 @hookspec(firstresult=True)
+def session_port(kv: KVStore) -> SessionPort | None:
+    """Return this backend's native :class:`~agent_stores.sessions.SessionPort` for ``kv``, or None.
+
+    Asked by every :class:`~agent_stores.sessions.SessionStore` built without an explicit
+    ``port``. The session contract must pass unchanged over it.
+    """
+
+
+@hookspec(firstresult=True)
+def memory_port(kv: KVStore) -> MemoryPort | None:
+    """Return this backend's native :class:`~agent_stores.memory.port.MemoryPort` for ``kv``, or None.
+
+    Asked by every :class:`~agent_stores.memory.KVMemoryStore` built without an explicit
+    ``port``. The memory contract must pass unchanged over it.
+    """
+
+
+@hookspec(firstresult=True)
+def journal_port(kv: KVStore) -> JournalPort | None:
+    """Return this backend's native :class:`~agent_stores.checkpointer.port.JournalPort` for ``kv``, or None.
+
+    Asked by every checkpointer and step store built without an explicit ``port``. The
+    checkpointer contract must pass unchanged over it.
+    """
+
+
+@hookspec(firstresult=True)
 def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """Return the session store for ``kv`` with this backend's native port, or None.
+    """Return a whole custom session store for ``kv``, or None (rarely needed: prefer :func:`session_port`).
 
-    Typically ``SessionStore(kv, port=MySessionPort(kv), **options)`` where the port
-    implements :class:`agent_stores.sessions.SessionPort`. ``options`` are the keyword
+    Only for a store that changes more than the port can (a subclass of
+    :class:`~agent_stores.sessions.SessionStore`, checked). ``options`` are the keyword
     arguments given to ``open_sessions``. It must pass the session contract unchanged.
-    """
-
-
-@hookspec(firstresult=True)
-def memory_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """Return the memory store for ``kv`` with this backend's native port, or None.
-
-    Typically ``KVMemoryStore(kv, port=MyMemoryPort(kv), **options)`` where the port
-    implements :class:`agent_stores.memory.port.MemoryPort`. It must pass the memory
-    contract unchanged.
-    """
-
-
-@hookspec(firstresult=True)
-def checkpointer(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """Return the checkpointer for ``kv`` with this backend's native port, or None.
-
-    Typically ``Checkpointer(kv, port=MyJournalPort(kv), **options)`` where the port
-    implements :class:`agent_stores.checkpointer.port.JournalPort`. It must pass the
-    checkpointer contract unchanged.
     """

@@ -9,13 +9,17 @@ object can only exist if its module is already loaded).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
+    from agent_stores.checkpointer.port import JournalPort
     from agent_stores.kv.base import KVStore
-    from agent_stores.url import StoreURL
+    from agent_stores.memory.port import MemoryPort
+    from agent_stores.sessions.port import SessionPort
+
+    from .kv import PostgresKV
 
 FACTORY = "agent_stores_postgres.kv:PostgresKV.from_url"
 
@@ -38,38 +42,41 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     return PostgresKV.from_pool(client, **options)
 
 
-@hookimpl
-def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The native session store (two round trips per turn) for a PostgreSQL KV, else None."""
+def _postgres(kv: KVStore) -> PostgresKV | None:
     kv_module = sys.modules.get("agent_stores_postgres.kv")
     if kv_module is None or not isinstance(kv, kv_module.PostgresKV):
         return None
-    from .sessions import PostgresSessionStore
-
-    return PostgresSessionStore(kv, **options)
+    return cast("PostgresKV", kv)
 
 
 @hookimpl
-def memory_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The memory store with the native port (a write in one statement) for a PostgreSQL KV."""
-    kv_module = sys.modules.get("agent_stores_postgres.kv")
-    if kv_module is None or not isinstance(kv, kv_module.PostgresKV):
+def session_port(kv: KVStore) -> SessionPort | None:
+    """The native session port (one statement each way: two round trips per turn)."""
+    postgres_kv = _postgres(kv)
+    if postgres_kv is None:
         return None
-    from agent_stores.memory import KVMemoryStore
+    from .sessions import PostgresSessionPort
 
+    return PostgresSessionPort(postgres_kv)
+
+
+@hookimpl
+def memory_port(kv: KVStore) -> MemoryPort | None:
+    """The native memory port (a write with its receipt in one statement)."""
+    postgres_kv = _postgres(kv)
+    if postgres_kv is None:
+        return None
     from .ports import PostgresMemoryPort
 
-    return KVMemoryStore(kv, port=PostgresMemoryPort(kv), **options)
+    return PostgresMemoryPort(postgres_kv)
 
 
 @hookimpl
-def checkpointer(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The checkpointer with the native port (an append in one statement) for a PostgreSQL KV."""
-    kv_module = sys.modules.get("agent_stores_postgres.kv")
-    if kv_module is None or not isinstance(kv, kv_module.PostgresKV):
+def journal_port(kv: KVStore) -> JournalPort | None:
+    """The native journal port (an append in one statement)."""
+    postgres_kv = _postgres(kv)
+    if postgres_kv is None:
         return None
-    from agent_stores.checkpointer import Checkpointer
-
     from .ports import PostgresJournalPort
 
-    return Checkpointer(kv, port=PostgresJournalPort(kv), **options)
+    return PostgresJournalPort(postgres_kv)

@@ -3,20 +3,22 @@
 Importing this module must stay cheap: it never imports redis-py. URL factories are
 import strings resolved only when a Redis URL is opened, and :func:`kv_from_client` only
 looks at a client if redis-py is already imported (a client object cannot exist
-otherwise). :func:`session_store` returns the native session store
-(:class:`agent_stores_redis.sessions.RedisSessionStore`, two round trips per turn) for a
-Redis KV store; memory and checkpointer use the generic stores, which run their
-conditional writes through the same Lua scripts.
+otherwise). :func:`session_port` gives every session store on a Redis KV the native port
+(:class:`agent_stores_redis.sessions.RedisSessionPort`, two round trips per turn); memory
+and checkpointer use the generic ports, which run their conditional writes through the
+same Lua scripts.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 from agent_stores.kv.base import KVStore
-from agent_stores.url import StoreURL
+
+if TYPE_CHECKING:
+    from agent_stores.sessions.port import SessionPort
 
 FACTORY = "agent_stores_redis.kv:RedisKV.from_url"
 
@@ -52,15 +54,14 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
 
 
 @hookimpl
-def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The native session store (two round trips per turn) when ``kv`` is a :class:`RedisKV`."""
-    from .kv import RedisKV
-
-    if not isinstance(kv, RedisKV):
+def session_port(kv: KVStore) -> SessionPort | None:
+    """The native session port (one script each way: two round trips per turn) for a Redis KV."""
+    kv_module = sys.modules.get("agent_stores_redis.kv")
+    if kv_module is None or not isinstance(kv, kv_module.RedisKV):
         return None
-    from .sessions import RedisSessionStore
+    from .sessions import RedisSessionPort
 
-    return RedisSessionStore(kv, **options)
+    return RedisSessionPort(kv)
 
 
 def kv_from_redis_client(client: Any, options: dict[str, Any] | None = None) -> KVStore:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+import sys
+from typing import TYPE_CHECKING, cast
 
 from ..hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
+    from ..checkpointer.port import JournalPort
     from ..kv.base import KVStore
-    from ..url import StoreURL
+    from ..memory.port import MemoryPort
+    from ..sessions.port import SessionPort
     from .sqlite import SQLiteKV
 
 
@@ -27,44 +30,46 @@ def register_backends(register: RegisterBackend) -> None:
     )
 
 
-# The SQLite ports: each store write is one transaction (see sqlite_ports.py). The hooks
-# import nothing until a SQLite store is opened; memory:// keeps the generic ports.
+# The SQLite ports: each store write is one transaction (see sqlite_ports.py). A SQLite
+# store can only exist once its module is imported, so the hooks look it up in sys.modules
+# and import nothing for other backends; memory:// keeps the generic ports.
 
 
-def _sqlite(kv: Any) -> bool:
-    from .sqlite import SQLiteKV
-
-    return isinstance(kv, SQLiteKV)
+def _sqlite(kv: KVStore) -> SQLiteKV | None:
+    module = sys.modules.get("agent_stores.backends.sqlite")
+    if module is None or not isinstance(kv, module.SQLiteKV):
+        return None
+    return cast("SQLiteKV", kv)
 
 
 @hookimpl
-def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The session store with the SQLite port for a SQLite KV, else None."""
-    if not _sqlite(kv):
+def session_port(kv: KVStore) -> SessionPort | None:
+    """The SQLite session port (acquire and save each one transaction) for a SQLite KV."""
+    sqlite_kv = _sqlite(kv)
+    if sqlite_kv is None:
         return None
-    from ..sessions import SessionStore
     from .sqlite_ports import SQLiteSessionPort
 
-    return SessionStore(kv, port=SQLiteSessionPort(cast("SQLiteKV", kv)), **options)
+    return SQLiteSessionPort(sqlite_kv)
 
 
 @hookimpl
-def memory_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The memory store with the SQLite port for a SQLite KV, else None."""
-    if not _sqlite(kv):
+def memory_port(kv: KVStore) -> MemoryPort | None:
+    """The SQLite memory port (a write with its receipt in one transaction) for a SQLite KV."""
+    sqlite_kv = _sqlite(kv)
+    if sqlite_kv is None:
         return None
-    from ..memory import KVMemoryStore
     from .sqlite_ports import SQLiteMemoryPort
 
-    return KVMemoryStore(kv, port=SQLiteMemoryPort(cast("SQLiteKV", kv)), **options)
+    return SQLiteMemoryPort(sqlite_kv)
 
 
 @hookimpl
-def checkpointer(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The checkpointer with the SQLite port for a SQLite KV, else None."""
-    if not _sqlite(kv):
+def journal_port(kv: KVStore) -> JournalPort | None:
+    """The SQLite journal port (an append in one transaction) for a SQLite KV."""
+    sqlite_kv = _sqlite(kv)
+    if sqlite_kv is None:
         return None
-    from ..checkpointer import Checkpointer
     from .sqlite_ports import SQLiteJournalPort
 
-    return Checkpointer(kv, port=SQLiteJournalPort(cast("SQLiteKV", kv)), **options)
+    return SQLiteJournalPort(sqlite_kv)

@@ -46,7 +46,7 @@ class Checkpointer(KVBackedStore):
     long after its first write. ``namespace="x"`` (``scope_prefix="x/"``) and ``ttl`` are
     the deprecated names of these options. ``port`` is the backend's native
     :class:`~agent_stores.checkpointer.port.JournalPort` (an append in one transaction),
-    passed by its ``checkpointer`` hook; None: the generic two-step append.
+    from its ``journal_port`` hook (asked when None is given), else the generic two-step append.
     """
 
     def __init__(

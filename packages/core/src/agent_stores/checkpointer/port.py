@@ -5,14 +5,13 @@ position counter (``head/<log>``) by one CAS, and create the entry under its ide
 key (a duplicate is found, not written). The generic path does them one after the other
 with KV primitives (and gives the position back on a duplicate). A backend with
 transactions implements :class:`JournalPort` with ``atomic = True`` and does both in one
-transaction, and hands it to :class:`~agent_stores.checkpointer.Checkpointer` (or
-:class:`~agent_stores.checkpointer.KVStepStore`) from its ``checkpointer`` hook::
+transaction, and returns it from its ``journal_port`` hook, which every
+:class:`~agent_stores.checkpointer.Checkpointer` (and
+:class:`~agent_stores.checkpointer.KVStepStore`) built without an explicit port asks::
 
     @hookimpl
-    def checkpointer(url, kv, options):
-        if isinstance(kv, MyKV):
-            return Checkpointer(kv, port=MyJournalPort(kv), **options)
-        return None
+    def journal_port(kv):
+        return MyJournalPort(kv) if isinstance(kv, MyKV) else None
 
 Positions, idempotency, chunking of large records, TTL anchoring and replay stay in the
 core and run unchanged over every port.

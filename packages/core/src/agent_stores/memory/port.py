@@ -5,14 +5,13 @@ operation's receipt), the global receipt index entry that ``get_operation`` read
 for a file in a new directory, the directory markers that make it listable. The generic
 :class:`KVMemoryPort` does these with KV primitives in that order (markers, record CAS,
 index); a backend with transactions implements :class:`MemoryPort` with
-``atomic = True`` and does all of them in one transaction (one commit), and hands it to
-:class:`~agent_stores.memory.KVMemoryStore` from its ``memory_store`` hook::
+``atomic = True`` and does all of them in one transaction (one commit), and returns it
+from its ``memory_port`` hook, which every :class:`~agent_stores.memory.KVMemoryStore`
+built without an explicit port asks::
 
     @hookimpl
-    def memory_store(url, kv, options):
-        if isinstance(kv, MyKV):
-            return KVMemoryStore(kv, port=MyMemoryPort(kv), **options)
-        return None
+    def memory_port(kv):
+        return MyMemoryPort(kv) if isinstance(kv, MyKV) else None
 
 Everything else — receipts, replay, conflicts, chunking, listing, search — stays in the
 core and runs unchanged over every port.

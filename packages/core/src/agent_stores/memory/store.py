@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from .. import telemetry
+from .. import native, telemetry
 from ..damage import ProblemLog, quarantine
 from ..errors import (
     BackendUnavailableError,
@@ -118,9 +118,9 @@ class KVMemoryStore(KVBackedStore):
         chunk_grace_seconds: seconds before an unreferenced chunk (left by a crash) may be
             collected by :meth:`collect_garbage` (``chunk_grace`` is its deprecated name).
         port: the backend's native :class:`~agent_stores.memory.port.MemoryPort` (record,
-            receipt index and directory markers in one transaction); None: the generic
-            :class:`~agent_stores.memory.port.KVMemoryPort`. Backends pass it from their
-            ``memory_store`` hook.
+            receipt index and directory markers in one transaction). None: the one a
+            plugin's ``memory_port`` hook offers for ``kv``, else the generic
+            :class:`~agent_stores.memory.port.KVMemoryPort`.
     """
 
     def __init__(
@@ -168,7 +168,7 @@ class KVMemoryStore(KVBackedStore):
         # Directories whose markers this process has seen written: creating a file in one
         # costs no marker writes after the first time.
         self._known_dirs: set[str] = set()
-        self._port: MemoryPort = port if port is not None else KVMemoryPort(kv)
+        self._port: MemoryPort = port or native.memory_port(kv) or KVMemoryPort(kv)
         # The record last written or read per path, with its KV version: on an atomic port
         # a write that expects it goes straight to the one transaction (no read first).
         self._known: OrderedDict[str, tuple[str, FileRecord]] = OrderedDict()

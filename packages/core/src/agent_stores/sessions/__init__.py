@@ -39,8 +39,8 @@ Layers (for backend authors):
   trip, ``save`` of chunks + fenced state), the generic :class:`KVSessionPort`.
 
 A backend with a native path (acquire + load in one Redis script, save + release in one
-PostgreSQL statement) implements :class:`SessionPort` and returns
-``SessionStore(kv, port=MyPort(kv), **options)`` from its ``session_store`` hook.
+PostgreSQL statement) implements :class:`SessionPort` and returns it from its
+``session_port`` hook.
 Everything else — waiting, renewal, cancellation, checkpoints, the recovery latch, the
 capabilities — stays the core's, and the session contract suite must pass as is.
 """

@@ -4,14 +4,12 @@ Every turn is *acquire + load* (take the lease, return the state and the history
 this process lacks) and *save + release* (write the new chunks and the fenced state). The
 generic :class:`KVSessionPort` does them with KV primitives (get, CAS, create); a backend
 with server-side logic (a Lua script, one SQL statement, a transaction) implements
-:class:`SessionPort` and hands it to :class:`~agent_stores.sessions.SessionStore` from its
-``session_store`` hook::
+:class:`SessionPort` and returns it from its ``session_port`` hook, which every
+:class:`~agent_stores.sessions.SessionStore` built without an explicit port asks::
 
     @hookimpl
-    def session_store(url, kv, options):
-        if isinstance(kv, MyKV):
-            return SessionStore(kv, port=MySessionPort(kv), **options)
-        return None
+    def session_port(kv):
+        return MySessionPort(kv) if isinstance(kv, MyKV) else None
 
 The stored layout (:mod:`agent_stores.sessions.records`) and the rules stay the core's:
 the state's KV version is the fencing token, chunks are never modified, a failed

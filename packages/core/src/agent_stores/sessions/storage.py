@@ -20,7 +20,7 @@ lease renewal timing, cancellation, draining) and calls only these methods:
 Every acquire and every state write goes through the store's
 :class:`~agent_stores.sessions.port.SessionPort`: the generic :class:`KVSessionPort` by
 default, a backend's native port (a Redis script, one PostgreSQL statement) when its
-``session_store`` hook supplies one. The port only moves bytes; the rules stay here:
+``session_port`` hook supplies one. The port only moves bytes; the rules stay here:
 
 * every write of ``state`` is conditional on the version read (the fencing token); a
   failed condition raises :class:`LeaseLostError` and marks the handle lost;
@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from pydantic_ai.messages import ModelMessage
 
+from .. import native
 from ..errors import (
     AppError,
     ConflictError,
@@ -200,7 +201,7 @@ class KVSessionStorage:
     ) -> None:
         self.kv = kv
         #: the native port of the backend, or the generic one
-        self.port: SessionPort = port if port is not None else KVSessionPort(kv)
+        self.port: SessionPort = port or native.session_port(kv) or KVSessionPort(kv)
         # The generic port's acquire is the algorithm below: skip asking it.
         self._native_acquire = not isinstance(self.port, KVSessionPort)
         self.store_id = store_id

@@ -356,8 +356,8 @@ class SessionStore(KVBackedStore):
         History layout tuning; see :class:`~agent_stores.sessions.storage.KVSessionStorage`.
     ``port``
         The backend's native :class:`~agent_stores.sessions.port.SessionPort` (acquire +
-        load, save + release); None: the generic :class:`~agent_stores.sessions.port.KVSessionPort`.
-        Backends pass it from their ``session_store`` hook.
+        load, save + release). None: the one a plugin's ``session_port`` hook offers for
+        ``kv``, else the generic :class:`~agent_stores.sessions.port.KVSessionPort`.
     """
 
     #: The storage layer class; a backend's native store overrides it.
