@@ -167,7 +167,7 @@ async def test_cold_turn_is_two_commands(private_server: PrivateServer) -> None:
 
 async def test_acquire_sends_only_missing_chunks(redis_url: str) -> None:
     """The acquire script returns the parts of exactly the chunks the request does not hold."""
-    from agent_stores.sessions import AcquireRequest
+    from agent_stores.backend import AcquireRequest
 
     store = open_sessions(redis_url, tail_bytes=600)
     sid = f"m-{uuid.uuid4().hex}"
@@ -252,10 +252,11 @@ async def test_other_client_in_between(redis_url: str) -> None:
 async def test_waiting_client_gets_the_courtesy(redis_url: str) -> None:
     """A waiting hint left by another client makes the script answer with the hand-over courtesy."""
     sid = f"w-{uuid.uuid4().hex}"
-    from agent_stores.sessions import Busy
+    from agent_stores.sessions.storage import Busy
 
     a = open_sessions(redis_url, handover_courtesy_seconds=5)
-    b = open_sessions(redis_url)
+    # b's hint lives 2 x its courtesy: long enough to survive a loaded machine before a asks.
+    b = open_sessions(redis_url, handover_courtesy_seconds=5)
     try:
         await turn(a, sid, "a1")
         await b.storage.note_waiting(sid)

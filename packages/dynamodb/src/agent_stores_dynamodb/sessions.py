@@ -25,9 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from agent_stores.errors import ConflictError, ValueTooLargeError
-from agent_stores.kv.base import Check, Create, Operation, Replace
-from agent_stores.sessions import (
+from agent_stores.backend import (
     GENERIC,
     AcquireReply,
     AcquireRequest,
@@ -35,6 +33,8 @@ from agent_stores.sessions import (
     SaveRequest,
     acquired_state,
 )
+from agent_stores.errors import ConflictError, ValueTooLargeError
+from agent_stores.kv.base import Check, Create, Operation, Replace
 from agent_stores.sessions.records import STATE_KEY, WAITER_KEY, RecordError, decode_state
 
 from .kv import TRANSACTION_MAX_ITEMS, DynamoDBKV

@@ -30,15 +30,15 @@ from typing import Any, LiteralString
 
 import psycopg
 import psycopg.errors
-from agent_stores.errors import ConfigError, ConflictError
-from agent_stores.kv.base import new_version
-from agent_stores.sessions import (
+from agent_stores.backend import (
     GENERIC,
     AcquireReply,
     AcquireRequest,
     SaveRequest,
-    SessionStore,
 )
+from agent_stores.errors import ConfigError, ConflictError
+from agent_stores.kv.base import new_version
+from agent_stores.sessions import SessionStore
 from agent_stores.sessions.records import FORMAT, STATE_KEY, WAITER_KEY
 from psycopg import AsyncConnection, sql
 

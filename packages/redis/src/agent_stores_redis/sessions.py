@@ -26,15 +26,15 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from agent_stores.kv.base import Create, Operation, Replace, new_version
-from agent_stores.sessions import (
+from agent_stores.backend import (
     GENERIC,
     AcquireReply,
     AcquireRequest,
     SaveRequest,
-    SessionStore,
     acquired_state,
 )
+from agent_stores.kv.base import Create, Operation, Replace, new_version
+from agent_stores.sessions import SessionStore
 from agent_stores.sessions.records import STATE_KEY, WAITER_KEY
 
 from . import lua

@@ -36,7 +36,8 @@ Layers (for backend authors):
   key (they never change).
 
 * ``port.py`` — the native port: :class:`SessionPort` (``acquire`` + load in one round
-  trip, ``save`` of chunks + fenced state), the generic :class:`KVSessionPort`.
+  trip, ``save`` of chunks + fenced state), the generic :class:`KVSessionPort`; backend
+  authors import its types from :mod:`agent_stores.backend`.
 
 A backend with a native path (acquire + load in one Redis script, save + release in one
 PostgreSQL statement) implements :class:`SessionPort` and returns it from its
@@ -58,34 +59,18 @@ from .errors import (
     TransientStoreError,
 )
 from .info import SessionInfo
-from .port import (
-    GENERIC,
-    AcquireReply,
-    AcquireRequest,
-    ChunkWrite,
-    KVSessionPort,
-    SaveRequest,
-    SessionPort,
-    acquired_state,
-)
-from .storage import Acquired, Busy, KVSessionStorage, LeaseHandle
-from .store import Session, SessionStore
+from .port import KVSessionPort, SessionPort
+from .store import Session, SessionStore, Turn
 
+# The user API. Backend authors find the port types (and the KV base) in
+# ``agent_stores.backend``; ``SessionPort`` and ``KVSessionPort`` are here too because
+# ``SessionStore(kv, port=...)`` takes one.
 __all__ = [
-    "GENERIC",
-    "AcquireReply",
-    "AcquireRequest",
-    "Acquired",
-    "Busy",
-    "ChunkWrite",
     "EffectCall",
     "InvalidSessionError",
     "KVSessionPort",
-    "KVSessionStorage",
-    "LeaseHandle",
     "LeaseLostError",
     "RecoveryRequiredError",
-    "SaveRequest",
     "Session",
     "SessionBusyError",
     "SessionError",
@@ -94,5 +79,5 @@ __all__ = [
     "SessionStore",
     "SessionStoreError",
     "TransientStoreError",
-    "acquired_state",
+    "Turn",
 ]

@@ -44,7 +44,7 @@ class Session:
     clean exit of the block) or :meth:`checkpoint` is awaited (at once).
     """
 
-    def __init__(self, turn: _Turn, handle: LeaseHandle) -> None:
+    def __init__(self, turn: Turn, handle: LeaseHandle) -> None:
         self._turn = turn
         self._handle = handle
         self.session_id: str = handle.session_id
@@ -122,8 +122,14 @@ class Session:
         await self._turn.locked(lambda: self._turn.storage.mark_effects(self._handle, items))
 
 
-class _Turn:
-    """The async context manager returned by :meth:`SessionStore.turn`."""
+class Turn:
+    """The async context manager returned by :meth:`SessionStore.turn`.
+
+    ``async with store.turn(session_id) as session:`` waits for the session's lease,
+    loads its history and yields the :class:`Session`; on exit it saves what
+    :meth:`Session.replace` recorded (if the block did not raise) and releases the lease.
+    Annotate with it when a turn is passed around before it is entered.
+    """
 
     def __init__(self, store: SessionStore, session_id: str, timeout_seconds: float) -> None:
         self.store = store
@@ -427,7 +433,7 @@ class SessionStore(KVBackedStore):
             waiter_hint_seconds=max(4 * poll_max_seconds, 2 * courtesy),
             port=port,
         )
-        self._active: set[_Turn] = set()
+        self._active: set[Turn] = set()
         self._queues: dict[str, tuple[asyncio.Lock, int]] = {}
         self._closing = False
         self._closed = False
@@ -446,7 +452,7 @@ class SessionStore(KVBackedStore):
 
     # -- turns ----------------------------------------------------------------------------
 
-    def turn(self, session_id: str, timeout_seconds: float = 5.0) -> _Turn:
+    def turn(self, session_id: str, timeout_seconds: float = 5.0) -> Turn:
         """Hold ``session_id`` exclusively for one turn: ``async with store.turn(id) as session``.
 
         Waits up to ``timeout_seconds`` for another turn to finish (then raises
@@ -460,7 +466,7 @@ class SessionStore(KVBackedStore):
         self.storage.scope_for(session_id)
         if timeout_seconds < 0:
             raise ValueError("timeout_seconds must be >= 0")
-        return _Turn(self, session_id, timeout_seconds)
+        return Turn(self, session_id, timeout_seconds)
 
     async def _acquire(
         self,
@@ -570,7 +576,7 @@ class SessionStore(KVBackedStore):
         lock.release()
         self._queue_leave(session_id)
 
-    def _turn_finished(self, turn: _Turn) -> None:
+    def _turn_finished(self, turn: Turn) -> None:
         if turn in self._active:
             self._active.discard(turn)
             self._release_queue(turn.session_id)
