@@ -55,3 +55,10 @@ def test_typed_accessors() -> None:
         url.choice_option("c", "slow", ["slow"])
     with pytest.raises(UnknownOptionError, match="'bad'"):
         url.check_query("n", "f", "b", "c")
+
+
+def test_an_access_key_id_in_a_dynamodb_url_is_masked() -> None:
+    url = StoreURL.parse("dynamodb://AKIAEXAMPLE:s3cret@/table?region=eu-west-1")
+    assert "AKIAEXAMPLE" not in url.render() and "s3cret" not in url.render()
+    assert "AKIAEXAMPLE" in url.render_with_secrets()
+    assert "app" in StoreURL.parse("postgresql://app:pw@h/db").render()  # user names stay

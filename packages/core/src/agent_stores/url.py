@@ -46,6 +46,10 @@ SECRET_QUERY_KEYS = frozenset(
     }
 )
 
+# Schemes whose user name is itself a credential (a DynamoDB URL carries the AWS access
+# key id there): masked like the password.
+SECRET_USERNAME_SCHEMES = frozenset({"dynamodb"})
+
 _SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.\-]*$")
 _USERINFO_RE = re.compile(r"(?P<head>^[^:/?#]+://[^:@/?#]*:)(?P<pw>[^@/?#]*)(?P<tail>@)")
 
@@ -262,7 +266,8 @@ class StoreURL:
         """The URL as a string; by default password and secret query values are masked."""
         netloc = ""
         if self.username is not None or self.password is not None:
-            netloc += quote(self.username or "", safe="")
+            secret_user = hide_password and self.scheme in SECRET_USERNAME_SCHEMES
+            netloc += MASK if secret_user else quote(self.username or "", safe="")
             if self.password is not None:
                 netloc += ":" + (MASK if hide_password else quote(self.password, safe=""))
             netloc += "@"

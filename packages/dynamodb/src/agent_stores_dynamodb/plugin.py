@@ -3,18 +3,24 @@
 Importing this module must stay cheap: it never imports aiobotocore. The URL factory is
 an import string resolved only when a ``dynamodb://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if aiobotocore is already imported (a
-client object cannot exist otherwise). :func:`session_store` hands the core's session
-store the native port of :mod:`agent_stores_dynamodb.sessions` (two requests per warm turn).
+client object cannot exist otherwise). :func:`session_port` gives every session store on a
+DynamoDB KV the native port of :mod:`agent_stores_dynamodb.sessions` (two requests per warm
+turn); :func:`session_store` adds DynamoDB's wider hand-over courtesy for ``open_sessions``.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 from agent_stores.kv.base import KVStore
 from agent_stores.url import StoreURL
+
+if TYPE_CHECKING:
+    from agent_stores.sessions.port import SessionPort
+
+    from .kv import DynamoDBKV
 
 FACTORY = "agent_stores_dynamodb.kv:DynamoDBKV.from_url"
 
@@ -46,12 +52,30 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     return DynamoDBKV.from_client(client, **options)
 
 
+def _dynamodb(kv: KVStore) -> DynamoDBKV | None:
+    # A DynamoDB store exists only once its module is imported: never import it here.
+    kv_module = sys.modules.get("agent_stores_dynamodb.kv")
+    if kv_module is None or not isinstance(kv, kv_module.DynamoDBKV):
+        return None
+    return cast("DynamoDBKV", kv)
+
+
+@hookimpl
+def session_port(kv: KVStore) -> SessionPort | None:
+    """The native session port (two requests per warm turn) for a DynamoDB KV."""
+    dynamodb_kv = _dynamodb(kv)
+    if dynamodb_kv is None:
+        return None
+    from .sessions import DynamoDBSessionPort
+
+    return DynamoDBSessionPort(dynamodb_kv)
+
+
 @hookimpl
 def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) -> Any | None:
-    """The session store on the native port (two requests per warm turn) for a DynamoDB KV."""
-    from .kv import DynamoDBKV
-
-    if not isinstance(kv, DynamoDBKV):
+    """The session store on the native port, with DynamoDB's wider hand-over courtesy."""
+    dynamodb_kv = _dynamodb(kv)
+    if dynamodb_kv is None:
         return None
     from agent_stores.sessions import SessionStore
 
@@ -60,4 +84,4 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
     # A DynamoDB request takes milliseconds, not Redis's microseconds: a waiting client
     # needs a wider window to take a released session (only used when one is waiting).
     options = {"handover_courtesy_seconds": HANDOVER_COURTESY_SECONDS, **options}
-    return SessionStore(kv, port=DynamoDBSessionPort(kv), **options)
+    return SessionStore(dynamodb_kv, port=DynamoDBSessionPort(dynamodb_kv), **options)
