@@ -326,7 +326,10 @@ async def test_append_memory_separator_and_metadata() -> None:
 
 async def test_append_memory_gives_up_after_max_attempts(tmp_path: Path) -> None:
     """With one attempt and racing writers, a lost race surfaces as MemoryConflictError."""
-    store = KVMemoryStore(open_kv(f"sqlite:///{tmp_path}/race.db"), owns_kv=True)
+    # memory:// suspends on every operation like a network round trip, so the writers
+    # really interleave between their read and their write (SQLite runs a statement on
+    # the event loop when its connection is free, which would serialise them).
+    store = KVMemoryStore(open_kv(f"memory://race-{tmp_path.name}"), owns_kv=True)
     await store.write("a.md", "0", expected_version=None)
     errors = 0
     for i in range(30):
