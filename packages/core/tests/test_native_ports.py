@@ -1,4 +1,8 @@
-"""The SQLite native ports: the contracts on them, and one transaction per store write.
+"""The SQLite ports: the contracts on the generic path too, and one transaction per store write.
+
+Stores on a SQLite KV take the SQLite ports by default (the ``*_port`` hooks of the
+builtin plugin), so ``nox -s contract -- sqlite`` runs the native path; the classes here
+run the same contracts with the generic KV ports given explicitly.
 
 Transactions are counted from SQLite's own statement trace (``set_trace_callback`` on the
 store's connection), never timed.
@@ -16,19 +20,18 @@ import pytest
 import pytest_asyncio
 from agent_stores import KVStore, connect, open_kv
 from agent_stores.backends.sqlite import SQLiteKV
-from agent_stores.backends.sqlite_ports import (
-    SQLiteJournalPort,
-    SQLiteMemoryPort,
-    SQLiteSessionPort,
-)
+from agent_stores.backends.sqlite_ports import SQLiteSessionPort
 from agent_stores.checkpointer import Checkpointer, JournalEvent
+from agent_stores.checkpointer.port import KVJournalPort
 from agent_stores.memory import KVMemoryStore
 from agent_stores.memory._harness import MemoryOperation
-from agent_stores.sessions import SessionStore
+from agent_stores.memory.port import KVMemoryPort
+from agent_stores.sessions import KVSessionPort, SessionStore
 from agent_stores_contract import CheckpointerContract, MemoryContract, SessionContract
 from agent_stores_contract.base import KVFactory
 from agent_stores_contract.checkpointer import CheckpointerFactory
 from agent_stores_contract.memory import MemoryFactory
+from agent_stores_contract.sessions import SessionsFactory
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 
@@ -38,24 +41,41 @@ class SQLiteURL:
         return f"sqlite:///{tmp_path}/native.db?max_value_bytes=16384"
 
 
-class TestSQLiteSessionsNative(SQLiteURL, SessionContract):
-    """The session contract on SQLite through the hook (the SQLite port)."""
+class TestSQLiteSessionsGeneric(SQLiteURL, SessionContract):
+    """The session contract on SQLite through the generic KV port."""
+
+    @pytest_asyncio.fixture
+    async def sessions_factory(self, kv_factory: KVFactory) -> AsyncIterator[SessionsFactory]:
+        made: list[SessionStore] = []
+
+        async def make(**options: Any) -> SessionStore:
+            kv = kv_factory()
+            store = SessionStore(kv, owns_kv=True, port=KVSessionPort(kv), **options)
+            made.append(store)
+            return store
+
+        try:
+            yield make
+        finally:
+            for store in made:
+                await store.aclose(timeout_seconds=5)
 
 
-class TestSQLiteMemoryNative(SQLiteURL, MemoryContract):
-    """The memory contract on SQLite through the native port (a write in one transaction)."""
+class TestSQLiteMemoryGeneric(SQLiteURL, MemoryContract):
+    """The memory contract on SQLite through the generic KV port."""
 
     @pytest.fixture
     def memory_factory(self, memory_prefix: str) -> MemoryFactory:
         def make(kv: KVStore, **options: Any) -> KVMemoryStore:
-            port = SQLiteMemoryPort(kv) if isinstance(kv, SQLiteKV) else None
-            return KVMemoryStore(kv, port=port, **{"scope_prefix": memory_prefix, **options})
+            return KVMemoryStore(
+                kv, port=KVMemoryPort(kv), **{"scope_prefix": memory_prefix, **options}
+            )
 
         return make
 
 
-class TestSQLiteCheckpointerNative(SQLiteURL, CheckpointerContract):
-    """The checkpointer contract on SQLite through the native port (an append in one transaction)."""
+class TestSQLiteCheckpointerGeneric(SQLiteURL, CheckpointerContract):
+    """The checkpointer contract on SQLite through the generic two-step append."""
 
     @pytest.fixture
     def kv_factory(self, store_url: str) -> KVFactory:
@@ -69,9 +89,8 @@ class TestSQLiteCheckpointerNative(SQLiteURL, CheckpointerContract):
 
         def make(kv: KVStore | None = None, **options: Any) -> Checkpointer:
             kv = kv if kv is not None else kv_factory()
-            port = SQLiteJournalPort(kv) if isinstance(kv, SQLiteKV) else None
             checkpointer = Checkpointer(
-                kv, owns_kv=True, scope_prefix=f"{ns}/", port=port, **options
+                kv, owns_kv=True, scope_prefix=f"{ns}/", port=KVJournalPort(), **options
             )
             opened.append(checkpointer)
             return checkpointer
@@ -218,10 +237,10 @@ async def test_generic_port_on_sqlite_still_passes_the_basics(sqlite_url: str) -
     """The generic stores on the same file (no port) read what the native ones wrote."""
     async with connect(sqlite_url) as conn:
         await conn.memory().write("a.md", "x", expected_version=None)
-        generic = KVMemoryStore(conn.kv)
+        generic = KVMemoryStore(conn.kv, port=KVMemoryPort(conn.kv))
         found = await generic.read("a.md", max_chars=10)
         assert found is not None and found.content == "x"
-        store = SessionStore(conn.kv)
+        store = SessionStore(conn.kv, port=KVSessionPort(conn.kv))
         async with store.turn("g") as session:
             session.replace(pair(0))
         async with conn.sessions() as native, native.turn("g") as session:

@@ -15,15 +15,15 @@ import pytest
 import pytest_asyncio
 from agent_stores import KVStore
 from agent_stores.checkpointer import Checkpointer
+from agent_stores.checkpointer.port import KVJournalPort
 from agent_stores.memory import KVMemoryStore
-from agent_stores.sessions import SessionStore
+from agent_stores.memory.port import KVMemoryPort
+from agent_stores.sessions import KVSessionPort, SessionStore
 from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
 from agent_stores_contract.base import KVFactory
 from agent_stores_contract.checkpointer import CheckpointerFactory
 from agent_stores_contract.memory import MemoryFactory
 from agent_stores_contract.sessions import SessionsFactory
-from agent_stores_postgres.kv import PostgresKV
-from agent_stores_postgres.ports import PostgresJournalPort, PostgresMemoryPort
 from pg_test_support import drop_schema, with_options
 
 
@@ -59,9 +59,9 @@ class TestPostgresCheckpointer(PostgresURL, CheckpointerContract):
     """The checkpointer contract on PostgreSQL."""
 
 
-# -- the other path of each store -----------------------------------------------------------
-# The classes above run the sessions through the hook (the native port) and memory and the
-# checkpointer as the contract builds them (the generic port); these run the other path.
+# -- the generic path of each store ---------------------------------------------------------
+# The classes above build the stores as a user would, so they take the native ports (the
+# plugin's *_port hooks); these run the same contracts with the generic KV ports.
 
 
 class TestPostgresSessionsGeneric(PostgresURL, SessionContract):
@@ -74,7 +74,7 @@ class TestPostgresSessionsGeneric(PostgresURL, SessionContract):
         async def make(**options: Any) -> SessionStore:
             kv = kv_factory()
             await kv.setup()
-            store = SessionStore(kv, owns_kv=True, **options)
+            store = SessionStore(kv, owns_kv=True, port=KVSessionPort(kv), **options)
             made.append(store)
             return store
 
@@ -85,20 +85,21 @@ class TestPostgresSessionsGeneric(PostgresURL, SessionContract):
                 await store.aclose(timeout_seconds=5)
 
 
-class TestPostgresMemoryNative(PostgresURL, MemoryContract):
-    """The memory contract on PostgreSQL through the native port (a write in one statement)."""
+class TestPostgresMemoryGeneric(PostgresURL, MemoryContract):
+    """The memory contract on PostgreSQL through the generic KV port."""
 
     @pytest.fixture
     def memory_factory(self, memory_prefix: str) -> MemoryFactory:
         def make(kv: KVStore, **options: Any) -> KVMemoryStore:
-            port = PostgresMemoryPort(kv) if isinstance(kv, PostgresKV) else None
-            return KVMemoryStore(kv, port=port, **{"scope_prefix": memory_prefix, **options})
+            return KVMemoryStore(
+                kv, port=KVMemoryPort(kv), **{"scope_prefix": memory_prefix, **options}
+            )
 
         return make
 
 
-class TestPostgresCheckpointerNative(PostgresURL, CheckpointerContract):
-    """The checkpointer contract on PostgreSQL through the native port (an append in one statement)."""
+class TestPostgresCheckpointerGeneric(PostgresURL, CheckpointerContract):
+    """The checkpointer contract on PostgreSQL through the generic two-step append."""
 
     @pytest_asyncio.fixture
     async def checkpointer_factory(
@@ -108,9 +109,8 @@ class TestPostgresCheckpointerNative(PostgresURL, CheckpointerContract):
 
         def make(kv: KVStore | None = None, **options: Any) -> Checkpointer:
             kv = kv if kv is not None else kv_factory()
-            port = PostgresJournalPort(kv) if isinstance(kv, PostgresKV) else None
             checkpointer = Checkpointer(
-                kv, owns_kv=True, scope_prefix=f"{ns}/", port=port, **options
+                kv, owns_kv=True, scope_prefix=f"{ns}/", port=KVJournalPort(), **options
             )
             opened.append(checkpointer)
             return checkpointer

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from agent_stores import StoreURL, connect, open_kv, open_sessions
-from agent_stores.sessions import LeaseLostError, SessionStore
+from agent_stores.sessions import KVSessionPort, LeaseLostError, SessionStore
 from agent_stores.sessions.records import CHUNK_PREFIX, STATE_KEY
 from agent_stores_postgres.kv import PostgresKV
-from agent_stores_postgres.sessions import PostgresSessionStore
+from agent_stores_postgres.sessions import PostgresSessionPort
 from pg_faultproxy import FaultProxy
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
@@ -36,13 +36,13 @@ def texts(messages: list[ModelMessage]) -> list[str]:
 
 
 async def test_hook_returns_the_native_store(schema_url: str) -> None:
-    """open_sessions and connect().sessions() on a PostgreSQL URL give the native store; other KVs do not."""
+    """open_sessions and connect().sessions() on a PostgreSQL URL get the native port; other KVs do not."""
     async with open_sessions(schema_url) as sessions:
-        assert isinstance(sessions, PostgresSessionStore)
+        assert isinstance(sessions.storage.port, PostgresSessionPort)
     async with connect(schema_url) as conn:
-        assert isinstance(conn.sessions(), PostgresSessionStore)
+        assert isinstance(conn.sessions().storage.port, PostgresSessionPort)
     async with open_sessions("memory://native-check") as other:
-        assert not isinstance(other, PostgresSessionStore)
+        assert not isinstance(other.storage.port, PostgresSessionPort)
 
 
 @pytest_asyncio.fixture
@@ -68,7 +68,8 @@ async def test_round_trips_per_turn(schema_url: str, proxy: FaultProxy, native: 
     kv = open_kv(proxied_url(schema_url, proxy))
     await kv.setup()
     options: dict[str, Any] = {"owns_kv": True, "fanout": 64}  # no merges: nothing to delete
-    store = PostgresSessionStore(kv, **options) if native else SessionStore(kv, **options)
+    port = PostgresSessionPort(kv) if native else KVSessionPort(kv)
+    store = SessionStore(kv, port=port, **options)
     per_turn: list[int] = []
     async with store:
         async with store.turn("rt") as session:
@@ -95,7 +96,7 @@ async def test_cold_turn_is_two_round_trips(schema_url: str, proxy: FaultProxy) 
     for _ in range(3):
         kv = open_kv(proxied_url(schema_url, proxy))
         await kv.setup()
-        stores.append(PostgresSessionStore(kv, owns_kv=True, fanout=64, tail_bytes=600))
+        stores.append(SessionStore(kv, owns_kv=True, fanout=64, tail_bytes=600))
     a, b, fresh = stores
     per_turn: list[int] = []
     try:

@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 from agent_stores import connect, open_sessions
-from agent_stores.sessions import LeaseLostError, SessionStore
+from agent_stores.sessions import KVSessionPort, LeaseLostError, SessionStore
 from agent_stores.sessions.records import CHUNK_PREFIX
 from agent_stores_contract.kv import offset_clock
 from agent_stores_redis import lua
-from agent_stores_redis.sessions import RedisSessionStore
+from agent_stores_redis.sessions import RedisSessionPort
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from redis.asyncio import Redis
 from redis_test_support import PrivateServer
@@ -91,10 +91,10 @@ class CommandCounter:
 
 
 async def test_open_sessions_is_native_on_redis_only(redis_url: str) -> None:
-    """The session_store hook returns the native store for Redis URLs, the generic one elsewhere."""
+    """The session_port hook gives Redis URLs the native port, other backends the generic one."""
     store = open_sessions(redis_url)
     try:
-        assert isinstance(store, RedisSessionStore)
+        assert isinstance(store.storage.port, RedisSessionPort)
     finally:
         await store.aclose()
     other = open_sessions("memory://")
@@ -114,9 +114,9 @@ async def test_warm_turn_is_two_commands(private_server: PrivateServer) -> None:
     counter = CommandCounter(server.port)
     await counter.start()
     native = open_sessions(url)
-    generic = SessionStore(native.kv)  # same KV client, generic storage layer
+    generic = SessionStore(native.kv, port=KVSessionPort(native.kv))  # same client, generic port
     try:
-        assert isinstance(native, RedisSessionStore)
+        assert isinstance(native.storage.port, RedisSessionPort)
         await turn(native, "n", "first")
         await turn(generic, "g", "first")
         for store, sid, expected in ((native, "n", 2), (generic, "g", 3)):
@@ -309,7 +309,7 @@ async def test_native_store_from_ready_client(standalone_url: str) -> None:
     try:
         conn = connect(client, prefix=parsed.query_get("prefix") or "p")
         store = conn.sessions()
-        assert isinstance(store, RedisSessionStore)
+        assert isinstance(store.storage.port, RedisSessionPort)
         await turn(store, sid, "one")
         assert await turn(store, sid, "two") == ["q:one", "a:one"]
         await store.aclose()

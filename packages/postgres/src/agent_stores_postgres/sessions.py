@@ -38,7 +38,6 @@ from agent_stores.backend import (
 )
 from agent_stores.errors import ConfigError, ConflictError
 from agent_stores.kv.base import new_version
-from agent_stores.sessions import SessionStore
 from agent_stores.sessions.records import FORMAT, STATE_KEY, WAITER_KEY
 from psycopg import AsyncConnection, sql
 
@@ -72,6 +71,10 @@ dec AS (
                  OR NOT h ?& ARRAY['lease', 'fence', 'chunks', 'tail_count', 'recovery',
                                    'created_at', 'updated_at']
                  OR jsonb_typeof(h->'chunks') <> 'array'
+                 -- the inline tail must still look like a JSON array ([...]): a cut record
+                 -- goes to the generic path, which refuses it before writing anything
+                 OR length(value) <= nl OR get_byte(value, nl) <> 91
+                 OR get_byte(value, length(value) - 1) <> 93
                 THEN 'fallback'
             WHEN jsonb_typeof(h->'lease') = 'object'
                  AND (h->'lease'->>'expires_at')::float8 > %(now)s
@@ -271,10 +274,3 @@ class PostgresSessionPort:
             raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
         assert inserted == len(keys)
         return version
-
-
-class PostgresSessionStore(SessionStore):
-    """:class:`SessionStore` with :class:`PostgresSessionPort`: two statements per turn."""
-
-    def __init__(self, kv: PostgresKV, **options: Any) -> None:
-        super().__init__(kv, port=PostgresSessionPort(kv), **options)

@@ -244,6 +244,11 @@ end
 local value = cur[1]
 local nl = string.find(value, '\\n', 1, true)
 if not nl or string.sub(value, 1, #START) ~= START then return {'generic'} end
+-- The inline tail must still look like a JSON array: a cut record goes to the generic
+-- path, which refuses it before writing anything.
+if string.sub(value, nl + 1, nl + 1) ~= '[' or string.sub(value, -1) ~= ']' then
+  return {'generic'}
+end
 local kept = string.find(value, ',"chunks":', 1, true)
 if not kept or kept > nl then return {'generic'} end
 local ok, h = pcall(cjson.decode, string.sub(value, 1, nl - 1))

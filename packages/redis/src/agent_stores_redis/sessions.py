@@ -34,7 +34,6 @@ from agent_stores.backend import (
     acquired_state,
 )
 from agent_stores.kv.base import Create, Operation, Replace, new_version
-from agent_stores.sessions import SessionStore
 from agent_stores.sessions.records import STATE_KEY, WAITER_KEY
 
 from . import lua
@@ -135,10 +134,3 @@ class RedisSessionPort:
         assert version is not None
         self._remember(request.scope, version, request.state)
         return version
-
-
-class RedisSessionStore(SessionStore):
-    """:class:`SessionStore` with :class:`RedisSessionPort`: two round trips per turn."""
-
-    def __init__(self, kv: RedisKV, **options: Any) -> None:
-        super().__init__(kv, port=RedisSessionPort(kv), **options)
