@@ -27,7 +27,7 @@ def test_url_maps_to_libpq_keywords_and_store_options() -> None:
     config = PostgresConfig.from_url(
         "postgresql://app:s%40cret@db.internal:6543/agents?schema=ag&table=t1&min_size=0"
         "&max_size=3&pool_timeout=2.5&auto_setup=false&sslmode=require&connect_timeout=3"
-        "&max_value_bytes=1000&purge_interval=0&prepare_threshold=none"
+        "&max_value_bytes=2000&purge_interval=0&prepare_threshold=none"
     )
     assert config.conninfo == {
         "host": "db.internal",
@@ -41,7 +41,7 @@ def test_url_maps_to_libpq_keywords_and_store_options() -> None:
     }
     assert (config.schema, config.table, config.min_size, config.max_size) == ("ag", "t1", 0, 3)
     assert config.pool_timeout == 2.5 and config.auto_setup is False
-    assert config.max_value_bytes == 1000 and config.purge_interval == 0
+    assert config.max_value_bytes == 2000 and config.purge_interval == 0
     assert config.prepare_threshold is None
 
 
