@@ -51,3 +51,18 @@ def test_demo_on_the_embedded_default(tmp_path: Path, monkeypatch: pytest.Monkey
         cli, ["sessions", f"sqlite:///{tmp_path}/agent-stores/agent-stores.db", "show", "kept"]
     )
     assert shown.exit_code == 0 and "recovery     not required" in shown.output
+
+
+@pytest.mark.parametrize(
+    ("uv", "launcher"), [(True, "uv run agent-stores"), (False, "agent-stores")]
+)
+def test_the_closing_hint_runs_where_the_demo_ran(
+    uv: bool, launcher: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if uv:
+        monkeypatch.setenv("UV", "/usr/bin/uv")
+    else:
+        monkeypatch.delenv("UV", raising=False)
+    result = CliRunner().invoke(cli, ["demo", "--url", "memory://demo-hint"])
+    assert result.exit_code == 0, result.output
+    assert f"look at it:  {launcher} sessions memory://demo-hint show" in result.output

@@ -9,6 +9,7 @@ the latch after checking, and the conversation going on.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable
 
@@ -185,7 +186,9 @@ async def demo(url: str | None, session_id: str | None) -> None:
             f"done: session {sid!r} holds {info.message_count} messages, "
             f"recovery required: {info.recovery_required}"
         )
-        echo(f"look at it:  agent-stores sessions {shown} show {sid} --messages")
+        # Run through `uv run` (as from a clone), the command is on no PATH of the shell.
+        launcher = "uv run agent-stores" if "UV" in os.environ else "agent-stores"
+        echo(f"look at it:  {launcher} sessions {shown} show {sid} --messages")
 
 
 def _tool_lines(messages: list[ModelMessage]) -> list[str]:
