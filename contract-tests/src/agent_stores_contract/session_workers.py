@@ -105,7 +105,8 @@ def emit(obj: dict[str, Any]) -> None:
 async def turns(*raw: str) -> None:
     """``URL SESSION N LEASE [--barrier DIR K]``: run N turns, each appending two tagged messages.
 
-    Prints one JSON line per turn. Behind the barrier, the processes start their turns
+    Prints one JSON line per turn (times in ns: asked for the session, got it, released
+    it; messages seen). Behind the barrier, the processes start their turns
     together, connected already.
     """
     (url, session_id, count, lease), barrier = barrier_args(raw)
@@ -114,6 +115,7 @@ async def turns(*raw: str) -> None:
         if barrier is not None:
             await file_barrier(*barrier)
         for i in range(int(count)):
+            asked = time.time_ns()
             async with store.turn(session_id, timeout_seconds=180) as session:
                 start = time.time_ns()
                 tag = f"{os.getpid()}-{i}"
@@ -121,7 +123,7 @@ async def turns(*raw: str) -> None:
                 await asyncio.sleep(random.random() * 0.005)
                 session.replace([*session.messages, *pair(tag)])
                 end = time.time_ns()
-            emit({"tag": tag, "start": start, "end": end, "seen": seen})
+            emit({"tag": tag, "asked": asked, "start": start, "end": end, "seen": seen})
 
 
 async def hold(url: str, session_id: str, lease: str) -> None:

@@ -134,6 +134,16 @@ async def read_json(proc: asyncio.subprocess.Process, wait_seconds: float = 60) 
     return result
 
 
+def max_turns_between(owners: list[str]) -> int:
+    """The most turns other processes took while one process waited for its next turn."""
+    last: dict[str, int] = {}
+    longest = 0
+    for index, owner in enumerate(owners):
+        longest = max(longest, index - last.get(owner, -1) - 1)
+        last[owner] = index
+    return longest
+
+
 def require_processes(kv: KVStore) -> None:
     require_capability(
         kv, "shared_across_processes", "process-local: a second process cannot share its data"
@@ -457,6 +467,9 @@ class SessionContract(ContractBase):
         assert [t["seen"] for t in turns] == list(range(0, 8 * per_process, 2))
         final = texts(await sessions.read_messages(sid) or [])
         assert final == [x for t in turns for x in (f"q:{t['tag']}", f"a:{t['tag']}")]
+        # No starvation: served in arrival order, a process waits behind the 3 others,
+        # not behind whoever polls fastest (slack for a barging newcomer or a stalled one).
+        assert max_turns_between(owners) <= 3 * (4 - 1), owners
 
     async def test_50_sessions_run_concurrently(
         self, sessions_factory: SessionsFactory, ns: str
@@ -533,6 +546,69 @@ class SessionContract(ContractBase):
         await asyncio.gather(worker(0), worker(1))
         handovers = sum(1 for a, b in itertools.pairwise(order) if a != b)
         assert handovers >= 5, order
+
+    async def test_waiting_clients_served_in_arrival_order(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """Clients that find a session busy take it in the order they arrived (the queue), not in the order they happen to poll."""
+        holder = await sessions_factory()
+        waiters = [await sessions_factory() for _ in range(4)]
+        sid = f"{ns}:queue"
+        order: list[int] = []
+
+        async def wait_turn(n: int) -> None:
+            async with waiters[n].turn(sid, timeout_seconds=60) as session:
+                order.append(n)
+                session.replace([*session.messages, *pair(str(n))])
+
+        tasks: list[asyncio.Task[None]] = []
+        async with holder.turn(sid) as session:
+            for n in range(len(waiters)):
+                tasks.append(asyncio.create_task(wait_turn(n)))
+                async with asyncio.timeout(30):
+                    # Remote state (another client's ticket): nothing to await but polling.
+                    while len(await holder.waiting(sid)) < n + 1:  # noqa: ASYNC110
+                        await asyncio.sleep(0.01)
+            assert await holder.waiting(sid) == [w.store_id for w in waiters]
+            session.replace(pair("holder"))
+        await asyncio.gather(*tasks)
+        assert order == [0, 1, 2, 3]
+        history = texts(await holder.read_messages(sid) or [])
+        assert history == [t for n in ["holder", "0", "1", "2", "3"] for t in (f"q:{n}", f"a:{n}")]
+        async with asyncio.timeout(30):  # every waiter leaves the queue once served
+            while await holder.waiting(sid):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+
+    async def test_vanished_waiter_does_not_block_the_queue(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """A waiter that died in the queue (its ticket never kept alive) holds the others up only until its ticket expires."""
+        ghost = await sessions_factory()
+        waiter = await sessions_factory()
+        sid = f"{ns}:ghost"
+        async with waiter.turn(sid) as session:
+            session.replace(pair("first"))
+        await ghost.storage.enqueue(sid)  # and never comes back for it
+        assert await waiter.waiting(sid) == [ghost.store_id]
+        async with ghost.turn(sid, timeout_seconds=30) as session:
+            # Held by the ghost's store now, so the waiter below must queue behind the ticket.
+            blocked = asyncio.create_task(self._one_turn(waiter, sid, "second"))
+            await asyncio.sleep(0.2)
+            session.replace([*session.messages, *pair("ghost")])
+        await asyncio.wait_for(blocked, 60)
+        assert texts(await waiter.read_messages(sid) or []) == [
+            "q:first",
+            "a:first",
+            "q:ghost",
+            "a:ghost",
+            "q:second",
+            "a:second",
+        ]
+
+    @staticmethod
+    async def _one_turn(store: SessionStore, sid: str, label: str) -> None:
+        async with store.turn(sid, timeout_seconds=60) as session:
+            session.replace([*session.messages, *pair(label)])
 
     # -- leases ---------------------------------------------------------------------------
 

@@ -15,6 +15,11 @@ A session lives in one KV scope (``<scope_prefix><session_id>``):
 ``w``
     A short-lived hint written by a turn waiting for the session, so the task that just
     released it yields instead of taking it again at once (fair hand-over).
+``q/<arrival>-<token>``
+    One ticket per waiting client (store object), named by its arrival time, so a scan
+    of ``q/`` lists the waiters in arrival order. Only the first live ticket tries to
+    take the session; a ticket expires unless its waiter keeps it alive, so a dead
+    waiter holds nobody up for long.
 
 The history is ``[*chunk_0, *chunk_1, …, *tail]``. Everything here is pure: no I/O.
 """
@@ -35,6 +40,7 @@ FORMAT = "agent-stores.session/1"
 STATE_KEY = "state"
 WAITER_KEY = "w"
 CHUNK_PREFIX = "h/"
+QUEUE_PREFIX = "q/"
 
 EMPTY_ARRAY = b"[]"
 

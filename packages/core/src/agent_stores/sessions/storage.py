@@ -14,6 +14,7 @@ lease renewal timing, cancellation, draining) and calls only these methods:
 ``reset`` / ``clear_recovery``   with an acquired handle: delete / unlatch
 ``force_reset``           erase a session whose state cannot even be decoded
 ``note_waiting``          leave the fair hand-over hint
+``enqueue`` / ``queue_head`` / ``keep_ticket`` / ``leave_queue``   the waiters' queue
 ``inspect`` / ``read_messages`` / ``list_sessions``   lease-free reads
 ========================  ==============================================================
 
@@ -72,6 +73,7 @@ from .port import (
 from .records import (
     CHUNK_PREFIX,
     EMPTY_ARRAY,
+    QUEUE_PREFIX,
     STATE_KEY,
     WAITER_KEY,
     ChunkRef,
@@ -139,6 +141,15 @@ class Busy:
     holder: str | None = None
     #: a waiting-client hint is already in place (no need to write one)
     waiter_hinted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A waiting client's place in a session's queue: its key, version and expiry."""
+
+    key: str
+    version: str
+    expires_at: float
 
 
 @dataclass
@@ -218,6 +229,8 @@ class KVSessionStorage:
         self.cache = ChunkCache(cache_bytes)
         self.handover_courtesy_seconds = handover_courtesy_seconds
         self.waiter_hint_seconds = waiter_hint_seconds
+        #: how long a waiter's queue ticket lives unless kept alive
+        self.ticket_seconds = max(1.0, 4 * waiter_hint_seconds)
         self._cleanup_tasks: set[asyncio.Task[None]] = set()
 
     # -- identity -------------------------------------------------------------------------
@@ -1109,6 +1122,78 @@ class KVSessionStorage:
         except ConflictError:
             return False
         return True
+
+    # -- the waiters' queue ---------------------------------------------------------------
+    #
+    # A client that finds the session busy takes a ticket named by its arrival time and
+    # tries to acquire only once its ticket is the first live one, so waiters of
+    # different processes are served in arrival order instead of by who polls first
+    # (exponential backoff would otherwise favour the newest waiter). The queue costs
+    # nothing until a session is contended: an uncontended turn never touches it.
+
+    async def enqueue(self, session_id: str) -> Ticket:
+        """Take a ticket at the end of the session's queue of waiting clients."""
+        scope = self.scope_for(session_id)
+        now = self.clock()
+        key = f"{QUEUE_PREFIX}{max(0, int(now * 1_000_000)):016x}-{secrets.token_hex(4)}"
+        version = await self._call(
+            session_id,
+            self.kv.create(scope, key, self.store_id.encode(), ttl=self.ticket_seconds),
+        )
+        return Ticket(key, version, now + self.ticket_seconds)
+
+    async def queue_head(self, session_id: str) -> str | None:
+        """The key of the first live ticket of the session's queue (None: nobody waits)."""
+        scope = self.scope_for(session_id)
+        page = await self._call(
+            session_id, self.kv.scan(scope, prefix=QUEUE_PREFIX, limit=1, values=False)
+        )
+        return page[0].key if page else None
+
+    async def queue(self, session_id: str) -> list[str]:
+        """The store ids of the clients waiting for the session, in arrival order."""
+        scope = self.scope_for(session_id)
+        waiting: list[str] = []
+        async for item in self.kv.iter_scan(scope, prefix=QUEUE_PREFIX):
+            if item.entry is not None:
+                waiting.append(item.entry.value.decode("utf-8", "replace"))
+        return waiting
+
+    async def keep_ticket(self, session_id: str, ticket: Ticket) -> Ticket:
+        """Keep a ticket alive once half its life is gone; one that expired is taken again.
+
+        The same key is written again, so a waiter whose ticket lapsed (a stalled event
+        loop) keeps its place in the queue.
+        """
+        now = self.clock()
+        if ticket.expires_at - now > self.ticket_seconds / 2:
+            return ticket
+        scope = self.scope_for(session_id)
+        value = self.store_id.encode()
+        try:
+            version = await self._call(
+                session_id,
+                self.kv.replace(
+                    scope,
+                    ticket.key,
+                    value,
+                    expected_version=ticket.version,
+                    ttl=self.ticket_seconds,
+                ),
+            )
+        except ConflictError:
+            try:
+                version = await self._call(
+                    session_id, self.kv.create(scope, ticket.key, value, ttl=self.ticket_seconds)
+                )
+            except ConflictError:
+                return ticket  # written meanwhile by nobody else; retried next time
+        return Ticket(ticket.key, version, now + self.ticket_seconds)
+
+    def leave_queue(self, session_id: str, ticket: Ticket) -> None:
+        """Delete a ticket in the background (its TTL collects it if this fails)."""
+        scope = self.scope_for(session_id)
+        self._spawn(self.kv.delete(scope, ticket.key))
 
     # -- lease-free reads -----------------------------------------------------------------
 

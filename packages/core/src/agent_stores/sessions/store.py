@@ -28,7 +28,7 @@ from .errors import (
 )
 from .info import SessionInfo
 from .port import SessionPort
-from .storage import Acquired, KVSessionStorage, LeaseHandle
+from .storage import Acquired, Busy, KVSessionStorage, LeaseHandle, Ticket
 from .sync import NotAwaitable
 
 log = logging.getLogger("agent_stores.sessions")
@@ -435,6 +435,10 @@ class SessionStore(KVBackedStore):
         )
         self._active: set[Turn] = set()
         self._queues: dict[str, tuple[asyncio.Lock, int]] = {}
+        # When this store last released each session (event-loop time), so that taking a
+        # session straight back first looks for clients queued for it (fair hand-over).
+        self._released: dict[str, float] = {}
+        self._requeue_seconds = courtesy
         self._closing = False
         self._closed = False
 
@@ -505,57 +509,104 @@ class SessionStore(KVBackedStore):
     async def _acquire_remote(
         self, session_id: str, deadline: float, *, allow_recovery: bool, load_history: bool
     ) -> LeaseHandle:
+        """Take the lease; once the session was found busy, wait in its queue of clients.
+
+        The first attempt goes straight to the backend (an uncontended turn costs nothing
+        more). After a ``Busy`` this store takes a ticket in the session's queue and tries
+        again only while its ticket is the first one, so clients of different processes
+        are served in arrival order.
+        """
         loop = asyncio.get_running_loop()
         owner = f"{self.store_id}:{secrets.token_hex(4)}"
         delay = self.poll_initial_seconds
         holder: str | None = None
         hinted = False
-        while True:
-            self._check_open()
-            try:
-                outcome = await self.storage.load_and_acquire(
-                    session_id,
-                    owner=owner,
-                    allow_recovery=allow_recovery,
-                    load_history=load_history,
-                )
-            except TransientStoreError:
-                # Retrying with the same owner token is safe: if the lost answer was a
-                # successful acquire, the next attempt finds our own lease and continues.
-                if loop.time() + delay >= deadline:
-                    raise
-                telemetry.record_retry("session.acquire", self.kv)
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, self.poll_max_seconds)
-                continue
-            if isinstance(outcome, Acquired):
-                if holder is not None:  # it was busy: passed on to us
-                    telemetry.record_handover(self.kv)
-                return outcome.handle
-            holder = outcome.holder or holder
-            now = loop.time()
-            if now >= deadline:
-                who = f" by {holder}" if holder else ""
-                raise SessionBusyError(
-                    f"session {session_id!r} stayed busy{who} for the whole timeout",
-                    session_id=session_id,
-                )
-            # Leave our hint until it is known to be in place; then only when none is (it
-            # expires after a while). A hint seen in the state read may be a stale one of
-            # the holder itself, which would not make it hand over.
-            if outcome.retry_after is None and not (outcome.waiter_hinted and hinted):
+        ticket = await self._queue_behind_waiters(session_id)
+        at_head = ticket is None
+        try:
+            while True:
+                self._check_open()
                 try:
-                    hinted = await self.storage.note_waiting(session_id)
-                except SessionError:
-                    pass  # the hint is a courtesy; waiting works without it
-            # Poll with jittered exponential backoff; a courtesy pause (we just released the
-            # session and someone else waits) is polled through the same way, so that if the
-            # other client takes the session we leave our own hint and get it back in turn.
-            wait = delay * random.uniform(0.5, 1.0)
-            if outcome.retry_after is not None:
-                wait = min(wait, outcome.retry_after + random.uniform(0, self.poll_initial_seconds))
-            delay = min(delay * 2, self.poll_max_seconds)
-            await asyncio.sleep(min(wait, max(deadline - loop.time(), 0.0)))
+                    if ticket is not None:
+                        ticket = await self.storage.keep_ticket(session_id, ticket)
+                        if not at_head:
+                            head = await self.storage.queue_head(session_id)
+                            # Tickets only join at the end, so the head stays the head.
+                            at_head = head is None or head >= ticket.key
+                            if at_head:
+                                delay = self.poll_initial_seconds
+                    outcome: Acquired | Busy | None = None
+                    if at_head:
+                        outcome = await self.storage.load_and_acquire(
+                            session_id,
+                            owner=owner,
+                            allow_recovery=allow_recovery,
+                            load_history=load_history,
+                        )
+                except TransientStoreError:
+                    # Retrying with the same owner token is safe: if the lost answer was a
+                    # successful acquire, the next attempt finds our own lease and continues.
+                    if loop.time() + delay >= deadline:
+                        raise
+                    telemetry.record_retry("session.acquire", self.kv)
+                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                    delay = min(delay * 2, self.poll_max_seconds)
+                    continue
+                if isinstance(outcome, Acquired):
+                    if holder is not None or ticket is not None:  # it was busy: passed on to us
+                        telemetry.record_handover(self.kv)
+                    return outcome.handle
+                if outcome is not None:
+                    holder = outcome.holder or holder
+                if loop.time() >= deadline:
+                    who = f" by {holder}" if holder else ""
+                    raise SessionBusyError(
+                        f"session {session_id!r} stayed busy{who} for the whole timeout",
+                        session_id=session_id,
+                    )
+                if ticket is None:
+                    try:
+                        ticket = await self.storage.enqueue(session_id)
+                    except SessionError:
+                        pass  # waiting works without a place in the queue, only less fairly
+                    else:
+                        at_head = False
+                        continue
+                # Leave our hint until it is known to be in place; then only when none is
+                # (it expires after a while). A hint seen in the state read may be a stale
+                # one of the holder itself, which would not make it hand over.
+                if (
+                    outcome is not None
+                    and outcome.retry_after is None
+                    and not (outcome.waiter_hinted and hinted)
+                ):
+                    try:
+                        hinted = await self.storage.note_waiting(session_id)
+                    except SessionError:
+                        pass  # the hint is a courtesy; waiting works without it
+                # Poll with jittered exponential backoff; a courtesy pause (we just released
+                # the session and someone else waits) is polled through the same way, so
+                # that if the other client takes the session we get it back in turn.
+                wait = delay * random.uniform(0.5, 1.0)
+                if outcome is not None and outcome.retry_after is not None:
+                    wait = min(
+                        wait, outcome.retry_after + random.uniform(0, self.poll_initial_seconds)
+                    )
+                delay = min(delay * 2, self.poll_max_seconds)
+                await asyncio.sleep(min(wait, max(deadline - loop.time(), 0.0)))
+        finally:
+            if ticket is not None:
+                self.storage.leave_queue(session_id, ticket)
+
+    async def waiting(self, session_id: str) -> list[str]:
+        """The store ids of the clients waiting for ``session_id``, in the order they are served.
+
+        A client is listed from the moment it first found the session busy until it takes
+        it or gives up. Tasks of one store wait in that store's own FIFO queue behind its
+        one entry.
+        """
+        self._check_open()
+        return await self.storage.queue(session_id)
 
     def _queue_enter(self, session_id: str) -> asyncio.Lock:
         lock, users = self._queues.get(session_id, (None, 0))
@@ -579,7 +630,33 @@ class SessionStore(KVBackedStore):
     def _turn_finished(self, turn: Turn) -> None:
         if turn in self._active:
             self._active.discard(turn)
+            self._note_released(turn.session_id)
             self._release_queue(turn.session_id)
+
+    def _note_released(self, session_id: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if len(self._released) >= 1024:  # only the last fraction of a second matters
+            self._released = {
+                sid: at for sid, at in self._released.items() if now - at < self._requeue_seconds
+            }
+        self._released[session_id] = now
+
+    async def _queue_behind_waiters(self, session_id: str) -> Ticket | None:
+        """A ticket if this store just released the session and other clients wait for it.
+
+        Without it, a client looping on one session would take it straight back while
+        the waiter at the head of the queue sleeps between polls.
+        """
+        released = self._released.pop(session_id, None)
+        loop = asyncio.get_running_loop()
+        if released is None or loop.time() - released >= self._requeue_seconds:
+            return None
+        try:
+            if await self.storage.queue_head(session_id) is None:
+                return None
+            return await self.storage.enqueue(session_id)
+        except SessionError:
+            return None  # the queue is for fairness only: go ahead without it
 
     # -- administration -------------------------------------------------------------------
 
