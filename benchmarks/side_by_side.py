@@ -17,7 +17,8 @@ SQLite (WAL + synchronous=NORMAL for both); step ``append_event`` at 10 and 1,00
 the harness on PostgreSQL.
 
 Usage: ``python benchmarks/side_by_side.py --redis URL --postgres URL [--quick]
-[--markdown docs/benchmarks.md]``.
+[--markdown docs/benchmarks.md] [--only memory,steps]`` (``--only``: just those sections,
+to iterate on them; ``nox -s bench`` runs all).
 """
 
 from __future__ import annotations
@@ -703,17 +704,31 @@ async def main_async(args: argparse.Namespace) -> Results:
     trials = 3 if quick else 5
     sizes = [10, 100] if quick else [10, 100, 1000]
     workdir = Path(tempfile.mkdtemp(prefix="agent-stores-bench-"))
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+
+    def wanted(section: str) -> bool:
+        return section in only
+
     if args.redis:
-        await section_turns(res, args.redis, sizes, trials, 10 if quick else 20)
-        await section_wire(res, args.redis, sizes, 6 if quick else 10)
-        await section_concurrency(res, args.redis, [10, 100], 2 if quick else 3)
-        await section_handover(res, args.redis)
-    if args.postgres:
+        if wanted("turns"):
+            await section_turns(res, args.redis, sizes, trials, 10 if quick else 20)
+        if wanted("wire"):
+            await section_wire(res, args.redis, sizes, 6 if quick else 10)
+        if wanted("concurrency"):
+            await section_concurrency(res, args.redis, [10, 100], 2 if quick else 3)
+        if wanted("handover"):
+            await section_handover(res, args.redis)
+    if args.postgres and wanted("pg-rt"):
         await section_postgres_rt(res, args.postgres, 6)
-    await section_memory(res, args.postgres, trials, 20 if quick else 50, workdir)
-    if args.postgres:
+    if wanted("memory"):
+        await section_memory(res, args.postgres, trials, 20 if quick else 50, workdir)
+    if args.postgres and wanted("steps"):
         await section_steps(res, args.postgres, trials, 20 if quick else 50)
     return res
+
+
+#: The sections ``--only`` may name, in the order they run.
+SECTIONS = ("turns", "wire", "concurrency", "handover", "pg-rt", "memory", "steps")
 
 
 def main() -> None:
@@ -728,7 +743,13 @@ def main() -> None:
     parser.add_argument("--postgres")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown", help="write the results page here (docs/benchmarks.md)")
+    parser.add_argument(
+        "--only",
+        help=f"run only these comma-separated sections (of {','.join(SECTIONS)}), to iterate",
+    )
     args = parser.parse_args()
+    if args.only and not set(args.only.split(",")) <= set(SECTIONS):
+        parser.error(f"--only takes sections among {','.join(SECTIONS)}")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     t0 = time.perf_counter()
     print("agent-stores ÷ anchor, same process, trials interleaved (ratio (min-max over trials))")

@@ -10,6 +10,7 @@ from agent_stores import connect
 from agent_stores.checkpointer import Checkpointer, JournalEvent
 from agent_stores.memory import KVMemoryStore
 from agent_stores.memory._harness import MemoryOperation
+from agent_stores_postgres.kv import PostgresKV
 from agent_stores_postgres.ports import PostgresJournalPort, PostgresMemoryPort
 from pg_test_support import libpq_conninfo
 
@@ -97,3 +98,55 @@ async def test_reused_operation_on_another_path_writes_nothing(schema_url: str) 
         assert await memory.read("b.md", max_chars=10) is None
         cp = conn.checkpointer()
         assert isinstance(cp.space.port, PostgresJournalPort)
+
+
+async def test_index_entry_committed_concurrently_rolls_the_write_back(schema_url: str) -> None:
+    """The index entry of the same operation committed by another transaction after the
+    statement's snapshot (so the statement's own check missed it): the statement rolls
+    back as a whole, the record stays unwritten, and the reuse is reported."""
+    import asyncio
+
+    import pytest
+    from agent_stores.memory._harness import MemoryOperationConflictError
+    from agent_stores.memory._records import IndexEntry, digest
+    from psycopg import sql
+
+    async with connect(schema_url) as conn:
+        memory = conn.memory()
+        kv = conn.kv
+        assert isinstance(kv, PostgresKV)
+        await memory.write("a.md", "x", expected_version=None)
+        operation = MemoryOperation("op-race", "mine")
+        scope, key = memory._index_key(operation)
+        entry = IndexEntry(digest("theirs"), "v-theirs", False, "elsewhere.md").dump()
+        other = await psycopg.AsyncConnection.connect(libpq_conninfo(schema_url))
+        watcher = await psycopg.AsyncConnection.connect(libpq_conninfo(schema_url), autocommit=True)
+        try:
+            await other.execute(
+                sql.SQL(
+                    "INSERT INTO {} (scope, key, value, version, expires_at) "
+                    "VALUES (%s, %s, %s, 'v-theirs', %s)"
+                ).format(kv.names.kv),
+                (scope, key, entry, kv.clock() + 3600),
+            )  # uncommitted: invisible to the write's snapshot, but its row is locked
+            write = asyncio.create_task(
+                memory.write("b.md", "y", expected_version=None, operation=operation)
+            )
+            for _ in range(500):  # until the write waits on the uncommitted index row
+                cur = await watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0] > 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert not write.done()
+            await other.commit()
+            with pytest.raises(MemoryOperationConflictError):
+                await write
+            assert await memory.read("b.md", max_chars=10) is None
+            assert await memory.list_paths("", limit=10) == ["a.md"]
+        finally:
+            await other.close()
+            await watcher.close()

@@ -296,6 +296,11 @@ class LoopBoundPool:
             conn: AsyncConnection[Any] = await pool.getconn()
             return conn
         failures = generation.failures
+        if failures.last is None and pool.get_stats().get("pool_available", 0) > 0:
+            # An idle connection is there: getconn returns it without waiting, so there is
+            # no connect failure to watch for (and no task, no extra loop iterations).
+            conn_idle: AsyncConnection[Any] = await pool.getconn()
+            return conn_idle
         failed = failures.watch()
         getting = asyncio.ensure_future(pool.getconn())
         try:

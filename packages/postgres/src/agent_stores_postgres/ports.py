@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, LiteralString
 
+import psycopg
 from agent_stores.checkpointer.port import AppendOutcome, AppendRequest
 from agent_stores.errors import ConflictError
 from agent_stores.kv.base import Entry, new_version
@@ -25,95 +26,118 @@ from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
 
-_MEMORY_WRITE: LiteralString = """
-WITH taken AS (
-    SELECT 1 FROM {kv}
-    WHERE %(has_index)s AND scope = %(iscope)s AND key = %(ikey)s
-      AND (expires_at IS NULL OR expires_at > %(now)s)
-),
-upd AS (
-    UPDATE {kv}
-    SET value = %(value)s, version = %(version)s, expires_at = %(expires_at)s::float8
-    WHERE %(expected)s::text IS NOT NULL AND scope = %(scope)s AND key = %(key)s
-      AND version = %(expected)s AND (expires_at IS NULL OR expires_at > %(now)s)
-      AND NOT EXISTS (SELECT 1 FROM taken)
-    RETURNING 1
-),
-ins AS (
-    INSERT INTO {kv} AS t (scope, key, value, version, expires_at)
-    SELECT %(scope)s::text, %(key)s::text, %(value)s::bytea, %(version)s::text,
-           %(expires_at)s::float8
-    WHERE %(expected)s::text IS NULL AND NOT EXISTS (SELECT 1 FROM taken)
-    ON CONFLICT (scope, key) DO UPDATE
-        SET value = EXCLUDED.value, version = EXCLUDED.version, expires_at = EXCLUDED.expires_at
-        WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s
-    RETURNING 1
-),
-done AS (
-    SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins
-),
-idx AS (
-    INSERT INTO {kv} AS t (scope, key, value, version, expires_at)
-    SELECT %(iscope)s::text, %(ikey)s::text, %(ivalue)s::bytea, %(iversion)s::text,
-           %(iexpires_at)s::float8
-    WHERE %(has_index)s AND EXISTS (SELECT 1 FROM done)
-    ON CONFLICT (scope, key) DO UPDATE
-        SET value = EXCLUDED.value, version = EXCLUDED.version, expires_at = EXCLUDED.expires_at
-        WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s
-    RETURNING 1
-),
-mark AS (
-    INSERT INTO {kv} (scope, key, value, version, expires_at)
-    SELECT m.s, m.k, %(marker)s::bytea, m.v, NULL
-    FROM unnest(%(mscopes)s::text[], %(mkeys)s::text[], %(mversions)s::text[]) AS m(s, k, v)
-    WHERE EXISTS (SELECT 1 FROM done)
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM done), EXISTS (SELECT 1 FROM taken),
-       (SELECT count(*) FROM idx), (SELECT count(*) FROM mark)
-"""
+# The memory write is assembled from these parts, one statement text per shape (create or
+# replace, with or without a receipt index entry, with or without directory markers), so
+# each shape plans and binds only what it uses. Data-modifying CTEs always run to
+# completion in the statement's one transaction (autocommit: one commit).
+_LIVE_AT_NOW: LiteralString = "(expires_at IS NULL OR expires_at > %(now)s)"
 
-_JOURNAL_APPEND: LiteralString = """
-WITH existing AS (
-    SELECT value, version FROM {kv}
-    WHERE scope = %(scope)s AND key = %(key)s
-      AND (expires_at IS NULL OR expires_at > %(now)s)
-),
-upd AS (
-    UPDATE {kv}
-    SET value = %(hvalue)s, version = %(hversion_new)s, expires_at = %(expires_at)s::float8
-    WHERE %(hversion)s::text IS NOT NULL AND scope = %(scope)s AND key = %(hkey)s
-      AND version = %(hversion)s AND (expires_at IS NULL OR expires_at > %(now)s)
-      AND NOT EXISTS (SELECT 1 FROM existing)
-    RETURNING 1
-),
-ins AS (
-    INSERT INTO {kv} AS t (scope, key, value, version, expires_at)
-    SELECT %(scope)s::text, %(hkey)s::text, %(hvalue)s::bytea, %(hversion_new)s::text,
-           %(expires_at)s::float8
-    WHERE %(hversion)s::text IS NULL AND NOT EXISTS (SELECT 1 FROM existing)
-    ON CONFLICT (scope, key) DO UPDATE
-        SET value = EXCLUDED.value, version = EXCLUDED.version, expires_at = EXCLUDED.expires_at
-        WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s
-    RETURNING 1
-),
-head AS (
-    SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins
-),
-entry AS (
-    INSERT INTO {kv} AS t (scope, key, value, version, expires_at)
-    SELECT %(scope)s::text, %(key)s::text, %(value)s::bytea, %(version)s::text,
-           %(expires_at)s::float8
-    WHERE EXISTS (SELECT 1 FROM head)
-    ON CONFLICT (scope, key) DO UPDATE
-        SET value = EXCLUDED.value, version = EXCLUDED.version, expires_at = EXCLUDED.expires_at
-        WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s
-    RETURNING 1
+_TAKEN: LiteralString = (
+    "taken AS (SELECT 1 FROM {kv} WHERE scope = %(iscope)s AND key = %(ikey)s AND "
+    + _LIVE_AT_NOW
+    + ")"
 )
-SELECT (SELECT count(*) FROM head), (SELECT count(*) FROM entry),
-       (SELECT value FROM existing), (SELECT version FROM existing)
-"""
+
+_REPLACE: LiteralString = (
+    "done AS (UPDATE {kv} SET value = %(value)b, version = %(version)s, "
+    "expires_at = %(expires_at)s::float8 "
+    "WHERE scope = %(scope)s AND key = %(key)s AND version = %(expected)s AND "
+    + _LIVE_AT_NOW
+    + "{unless_taken} RETURNING 1)"
+)
+
+_CREATE: LiteralString = (
+    "done AS (INSERT INTO {kv} AS t (scope, key, value, version, expires_at) "
+    "SELECT %(scope)s::text, %(key)s::text, %(value)b::bytea, %(version)s::text, "
+    "%(expires_at)s::float8{where_untaken} "
+    "ON CONFLICT (scope, key) DO UPDATE SET value = EXCLUDED.value, "
+    "version = EXCLUDED.version, expires_at = EXCLUDED.expires_at "
+    "WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s RETURNING 1)"
+)
+
+# The index entry: created, or written over an expired one. A live entry committed by a
+# concurrent write of the same operation (invisible to ``taken``, which reads the
+# statement's snapshot) makes the insert do nothing; the final SELECT then divides by
+# zero, which aborts the whole statement, so a record never commits without its index.
+_INDEX: LiteralString = (
+    "idx AS (INSERT INTO {kv} AS t (scope, key, value, version, expires_at) "
+    "SELECT %(iscope)s::text, %(ikey)s::text, %(ivalue)b::bytea, %(iversion)s::text, "
+    "%(iexpires_at)s::float8 WHERE EXISTS (SELECT 1 FROM done) "
+    "ON CONFLICT (scope, key) DO UPDATE SET value = EXCLUDED.value, "
+    "version = EXCLUDED.version, expires_at = EXCLUDED.expires_at "
+    "WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s RETURNING 1)"
+)
+
+_MARKERS: LiteralString = (
+    "mark AS (INSERT INTO {kv} (scope, key, value, version, expires_at) "
+    "SELECT m.s, m.k, %(marker)b::bytea, m.v, NULL "
+    "FROM unnest(%(mscopes)s::text[], %(mkeys)s::text[], %(mversions)s::text[]) AS m(s, k, v) "
+    "WHERE EXISTS (SELECT 1 FROM done) ON CONFLICT (scope, key) DO NOTHING)"
+)
+
+_RESULT_INDEXED: LiteralString = (
+    "SELECT EXISTS (SELECT 1 FROM done), EXISTS (SELECT 1 FROM taken), "
+    "CASE WHEN EXISTS (SELECT 1 FROM done) "
+    "THEN 1 / (SELECT count(*)::int FROM idx) ELSE 1 END"
+)
+_RESULT_PLAIN: LiteralString = "SELECT EXISTS (SELECT 1 FROM done), false, 1"
+
+
+def _memory_write_sql(*, replace: bool, index: bool, markers: bool) -> LiteralString:
+    """The statement text of one write shape (identifiers still as ``{kv}``)."""
+    parts: list[LiteralString] = []
+    if index:
+        parts.append(_TAKEN)
+    if replace:
+        unless: LiteralString = " AND NOT EXISTS (SELECT 1 FROM taken)" if index else ""
+        parts.append(_REPLACE.replace("{unless_taken}", unless))
+    else:
+        where: LiteralString = " WHERE NOT EXISTS (SELECT 1 FROM taken)" if index else ""
+        parts.append(_CREATE.replace("{where_untaken}", where))
+    if index:
+        parts.append(_INDEX)
+    if markers:
+        parts.append(_MARKERS)
+    return "WITH " + ",\n".join(parts) + "\n" + (_RESULT_INDEXED if index else _RESULT_PLAIN)
+
+
+# A journal append, one statement text per shape (the log's counter advanced or created).
+_EXISTING: LiteralString = (
+    "existing AS (SELECT value, version FROM {kv} WHERE scope = %(scope)s AND key = %(key)s "
+    "AND " + _LIVE_AT_NOW + ")"
+)
+_HEAD_REPLACE: LiteralString = (
+    "head AS (UPDATE {kv} SET value = %(hvalue)b, version = %(hversion_new)s, "
+    "expires_at = %(expires_at)s::float8 "
+    "WHERE scope = %(scope)s AND key = %(hkey)s AND version = %(hversion)s AND "
+    + _LIVE_AT_NOW
+    + " AND NOT EXISTS (SELECT 1 FROM existing) RETURNING 1)"
+)
+_HEAD_CREATE: LiteralString = (
+    "head AS (INSERT INTO {kv} AS t (scope, key, value, version, expires_at) "
+    "SELECT %(scope)s::text, %(hkey)s::text, %(hvalue)b::bytea, %(hversion_new)s::text, "
+    "%(expires_at)s::float8 WHERE NOT EXISTS (SELECT 1 FROM existing) "
+    "ON CONFLICT (scope, key) DO UPDATE SET value = EXCLUDED.value, "
+    "version = EXCLUDED.version, expires_at = EXCLUDED.expires_at "
+    "WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s RETURNING 1)"
+)
+_ENTRY: LiteralString = (
+    "entry AS (INSERT INTO {kv} AS t (scope, key, value, version, expires_at) "
+    "SELECT %(scope)s::text, %(key)s::text, %(value)b::bytea, %(version)s::text, "
+    "%(expires_at)s::float8 WHERE EXISTS (SELECT 1 FROM head) "
+    "ON CONFLICT (scope, key) DO UPDATE SET value = EXCLUDED.value, "
+    "version = EXCLUDED.version, expires_at = EXCLUDED.expires_at "
+    "WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s RETURNING 1)"
+)
+_APPEND_RESULT: LiteralString = (
+    "SELECT EXISTS (SELECT 1 FROM head), EXISTS (SELECT 1 FROM entry), "
+    "(SELECT value FROM existing), (SELECT version FROM existing)"
+)
+
+
+def _journal_append_sql(*, replace: bool) -> LiteralString:
+    head = _HEAD_REPLACE if replace else _HEAD_CREATE
+    return "WITH " + ",\n".join([_EXISTING, head, _ENTRY]) + "\n" + _APPEND_RESULT
 
 
 def _query(kv: PostgresKV, text: LiteralString) -> bytes:
@@ -127,7 +151,14 @@ class PostgresMemoryPort:
 
     def __init__(self, kv: PostgresKV) -> None:
         self.kv = kv
-        self._write_sql = _query(kv, _MEMORY_WRITE)
+        self._write_sql = {
+            (replace, index, markers): _query(
+                kv, _memory_write_sql(replace=replace, index=index, markers=markers)
+            )
+            for replace in (False, True)
+            for index in (False, True)
+            for markers in (False, True)
+        }
 
     async def read(self, scope: str, key: str) -> Entry | None:
         """``kv.get``."""
@@ -139,34 +170,44 @@ class PostgresMemoryPort:
         now = kv.clock()
         kv._check_value(write.scope, write.key, write.value)
         index = write.index
-        if index is not None:
-            kv._check_value(index.scope, index.key, index.value)
         version = new_version()
         params: dict[str, Any] = {
             "scope": write.scope,
             "key": write.key,
             "value": write.value,
             "version": version,
-            "expected": write.expected_version,
             "expires_at": None if write.ttl is None else now + write.ttl,
             "now": now,
-            "has_index": index is not None,
-            "iscope": index.scope if index else "",
-            "ikey": index.key if index else "",
-            "ivalue": index.value if index else b"",
-            "iversion": new_version(),
-            "iexpires_at": None if index is None or index.ttl is None else now + index.ttl,
-            "marker": MARKER_VALUE,
-            "mscopes": [m[0] for m in write.markers],
-            "mkeys": [m[1] for m in write.markers],
-            "mversions": [new_version() for _ in write.markers],
         }
+        if write.expected_version is not None:
+            params["expected"] = write.expected_version
+        if index is not None:
+            kv._check_value(index.scope, index.key, index.value)
+            params["iscope"] = index.scope
+            params["ikey"] = index.key
+            params["ivalue"] = index.value
+            params["iversion"] = new_version()
+            params["iexpires_at"] = None if index.ttl is None else now + index.ttl
+        markers = write.markers
+        if markers:
+            params["marker"] = MARKER_VALUE
+            params["mscopes"] = [m[0] for m in markers]
+            params["mkeys"] = [m[1] for m in markers]
+            params["mversions"] = [new_version() for _ in markers]
+        statement = self._write_sql[
+            (write.expected_version is not None, index is not None, bool(markers))
+        ]
 
-        async def run(conn: AsyncConnection[Any]) -> tuple[int, bool]:
-            cur = await conn.execute(self._write_sql, params)
+        async def run(conn: AsyncConnection[Any]) -> tuple[bool, bool]:
+            try:
+                cur = await conn.execute(statement, params)
+            except psycopg.errors.DivisionByZero:
+                # The index entry was committed by a concurrent write of the same operation
+                # after this statement's snapshot: the statement rolled back as a whole.
+                return False, True
             row = await cur.fetchone()
             assert row is not None
-            return int(row[0]), bool(row[1])
+            return bool(row[0]), bool(row[1])
 
         done, taken = await kv.run_native_write("memory write", run)
         if not done:
@@ -183,7 +224,9 @@ class PostgresJournalPort:
 
     def __init__(self, kv: PostgresKV) -> None:
         self.kv = kv
-        self._append_sql = _query(kv, _JOURNAL_APPEND)
+        self._append_sql = {
+            replace: _query(kv, _journal_append_sql(replace=replace)) for replace in (False, True)
+        }
 
     async def append(self, request: AppendRequest) -> AppendOutcome:
         """Counter and entry in one statement (one commit)."""
@@ -199,14 +242,16 @@ class PostgresJournalPort:
             "version": version,
             "hkey": request.head_key,
             "hvalue": request.head_value,
-            "hversion": request.head_version,
             "hversion_new": head_version,
             "expires_at": None if request.ttl is None else now + request.ttl,
             "now": now,
         }
+        if request.head_version is not None:
+            params["hversion"] = request.head_version
+        statement = self._append_sql[request.head_version is not None]
 
         async def run(conn: AsyncConnection[Any]) -> tuple[Any, ...]:
-            cur = await conn.execute(self._append_sql, params)
+            cur = await conn.execute(statement, params)
             row = await cur.fetchone()
             assert row is not None
             return tuple(row)

@@ -5,7 +5,8 @@ write that landed is always known to have landed: retried with the same operatio
 a lost acknowledgement, it is replayed, never reported as a conflict, and a crash
 between any two steps leaves nothing half-reserved. The global receipt index, which
 :meth:`KVMemoryStore.get_operation` reads, is written right after the CAS and repaired
-by the next replay if that write was lost. See ``_records`` for the layout.
+by the next replay if that write was lost. On an atomic port (one transaction for record
+and index) the receipt lives in the index entry alone. See ``_records`` for the layout.
 """
 
 from __future__ import annotations
@@ -496,13 +497,7 @@ class KVMemoryStore(KVBackedStore):
                 now = self.kv.clock()
                 version = None if delete else new_version()
                 mutation = MemoryMutation(version=version, replayed=False, existed=live)
-                receipts = self._kept_receipts(record, now)
-                if operation is not None:
-                    receipts.append(
-                        Receipt(
-                            digest(operation.id), digest(operation.fingerprint), version, live, now
-                        )
-                    )
+                receipts = self._receipts(record, operation, version, live, now)
                 if delete:
                     if not live and operation is None:
                         return mutation  # nothing to remove and no receipt to keep
@@ -574,11 +569,7 @@ class KVMemoryStore(KVBackedStore):
         version = new_version()
         live = record is not None
         mutation = MemoryMutation(version=version, replayed=False, existed=live)
-        receipts = self._kept_receipts(record, now)
-        if operation is not None:
-            receipts.append(
-                Receipt(digest(operation.id), digest(operation.fingerprint), version, live, now)
-            )
+        receipts = self._receipts(record, operation, version, live, now)
         new_record, staged = await self._live_record(
             loc, content, metadata, version, operation, receipts, None, now
         )
@@ -667,8 +658,32 @@ class KVMemoryStore(KVBackedStore):
             raise _reused(operation)
         return MemoryMutation(version=receipt.version, replayed=True, existed=receipt.existed)
 
+    def _receipts(
+        self,
+        record: FileRecord | None,
+        operation: MemoryOperation | None,
+        version: str | None,
+        live: bool,
+        now: float,
+    ) -> list[Receipt]:
+        """The receipts the new record keeps.
+
+        Generic port: the unexpired ones plus this operation's (the index entry is written
+        after the record, so the record's receipt is the authoritative one). Atomic port:
+        the index entry commits with the record, so this operation's receipt goes to the
+        index only; receipts a generic writer left in the record are kept until they expire
+        (their index entry may be missing). A record written only through an atomic port
+        therefore carries no receipts: no bytes, no encoding, no decoding for them.
+        """
+        receipts = self._kept_receipts(record, now)
+        if operation is not None and not self._port.atomic:
+            receipts.append(
+                Receipt(digest(operation.id), digest(operation.fingerprint), version, live, now)
+            )
+        return receipts
+
     def _kept_receipts(self, record: FileRecord | None, now: float) -> list[Receipt]:
-        if record is None:
+        if record is None or not record.receipts:
             return []
         fresh = [r for r in record.receipts if r.at > now - self._receipt_ttl]
         # Room for the receipt of the mutation being made.
