@@ -4,9 +4,10 @@ Importing this module must stay cheap: it never imports redis-py. URL factories 
 import strings resolved only when a Redis URL is opened, and :func:`kv_from_client` only
 looks at a client if redis-py is already imported (a client object cannot exist
 otherwise). :func:`session_port` gives every session store on a Redis KV the native port
-(:class:`agent_stores_redis.sessions.RedisSessionPort`, two round trips per turn); memory
-and checkpointer use the generic ports, which run their conditional writes through the
-same Lua scripts.
+(:class:`agent_stores_redis.sessions.RedisSessionPort`, two round trips per turn) and
+:func:`memory_port` the native memory port (:class:`agent_stores_redis.memory.RedisMemoryPort`,
+a write with its receipt in one script); the checkpointer uses the generic port, which
+runs its conditional writes through the same Lua scripts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from agent_stores.hookspecs import RegisterBackend, hookimpl
 from agent_stores.kv.base import KVStore
 
 if TYPE_CHECKING:
+    from agent_stores.memory.port import MemoryPort
     from agent_stores.sessions.port import SessionPort
 
 FACTORY = "agent_stores_redis.kv:RedisKV.from_url"
@@ -62,6 +64,17 @@ def session_port(kv: KVStore) -> SessionPort | None:
     from .sessions import RedisSessionPort
 
     return RedisSessionPort(kv)
+
+
+@hookimpl
+def memory_port(kv: KVStore) -> MemoryPort | None:
+    """The native memory port (record, receipt index and markers in one script) for a Redis KV."""
+    kv_module = sys.modules.get("agent_stores_redis.kv")
+    if kv_module is None or not isinstance(kv, kv_module.RedisKV):
+        return None
+    from .memory import RedisMemoryPort
+
+    return RedisMemoryPort(kv)
 
 
 def kv_from_redis_client(client: Any, options: dict[str, Any] | None = None) -> KVStore:

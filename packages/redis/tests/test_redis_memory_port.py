@@ -1,0 +1,107 @@
+"""The native memory port on Redis: the memory contract on the generic path as well (the
+native path runs in ``test_redis_contract``), and a memory write as one script.
+
+Commands are counted on the client (each one a round trip), never timed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agent_stores import KVStore, connect
+from agent_stores.memory import KVMemoryStore
+from agent_stores.memory._harness import MemoryOperation, MemoryOperationConflictError
+from agent_stores.memory.port import KVMemoryPort
+from agent_stores_contract import MemoryContract
+from agent_stores_contract.memory import MemoryFactory
+from agent_stores_redis.kv import RedisKV
+from agent_stores_redis.memory import RedisMemoryPort
+from redis_test_support import with_fresh_prefix
+
+
+class TestRedisMemoryGeneric(MemoryContract):
+    """The memory contract on standalone Redis through the generic KV port."""
+
+    @pytest.fixture
+    def store_url(self, redis_urls: dict[str, str]) -> str:
+        return with_fresh_prefix(redis_urls["redis"])
+
+    @pytest.fixture
+    def memory_factory(self, memory_prefix: str) -> MemoryFactory:
+        def make(kv: KVStore, **options: Any) -> KVMemoryStore:
+            return KVMemoryStore(
+                kv, port=KVMemoryPort(kv), **{"scope_prefix": memory_prefix, **options}
+            )
+
+        return make
+
+
+class Commands:
+    """The commands a store's client sends (each one a round trip), counted client-side."""
+
+    def __init__(self, kv: RedisKV) -> None:
+        self.sent: list[str] = []
+        client = kv._client
+        original = client.execute_command
+
+        async def counting(*args: Any, **options: Any) -> Any:
+            self.sent.append(str(args[0]))
+            return await original(*args, **options)
+
+        client.execute_command = counting
+
+
+async def test_memory_write_is_one_script(standalone_url: str) -> None:
+    """A create in a new directory and each replace with a receipt: one EVALSHA each; the
+    listing, the receipt index and replays all hold."""
+    async with connect(standalone_url) as conn:
+        memory = conn.memory()
+        kv = conn.kv
+        assert isinstance(kv, RedisKV) and isinstance(memory._port, RedisMemoryPort)
+        assert memory._port.atomic
+        await memory.write("warm/w.md", "w", expected_version=None)  # script cached
+        commands = Commands(kv)
+        created = await memory.write(
+            "u/deep/a.md", "v0", expected_version=None, operation=MemoryOperation("op0", "f0")
+        )
+        assert commands.sent == ["EVALSHA"], commands.sent
+        version = created.version
+        for i in range(1, 5):
+            commands.sent.clear()
+            done = await memory.write(
+                "u/deep/a.md",
+                f"v{i}",
+                expected_version=version,
+                operation=MemoryOperation(f"op{i}", f"f{i}"),
+            )
+            assert commands.sent == ["EVALSHA"], commands.sent
+            version = done.version
+        assert await memory.list_paths("u/", limit=10) == ["u/deep/a.md"]
+        found = await memory.get_operation(MemoryOperation("op4", "f4"))
+        assert found is not None and found.version == version
+        replay = await memory.write(
+            "u/deep/a.md", "v4", expected_version="stale", operation=MemoryOperation("op4", "f4")
+        )
+        assert replay.replayed and replay.version == version
+        # A reused operation id on another path writes nothing.
+        with pytest.raises(MemoryOperationConflictError):
+            await memory.write(
+                "u/deep/b.md", "x", expected_version=None, operation=MemoryOperation("op4", "zz")
+            )
+        assert await memory.read("u/deep/b.md", max_chars=10) is None
+
+
+async def test_memory_port_is_generic_on_a_cluster(redis_urls: dict[str, str]) -> None:
+    """A script may not span hash tags on a cluster: the port leaves writes to the generic
+    algorithm there, and receipts stay in the records."""
+    async with connect(with_fresh_prefix(redis_urls["redis-cluster"])) as conn:
+        memory = conn.memory()
+        assert isinstance(memory._port, RedisMemoryPort) and not memory._port.atomic
+        first = await memory.write(
+            "u/a.md", "x", expected_version=None, operation=MemoryOperation("c0", "f")
+        )
+        again = await memory.write(
+            "u/a.md", "x", expected_version=None, operation=MemoryOperation("c0", "f")
+        )
+        assert again.replayed and again.version == first.version
