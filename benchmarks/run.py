@@ -7,9 +7,12 @@ Per backend (memory, sqlite, and Redis / PostgreSQL when their URLs are given):
   networked backends, through ``CountingKV`` for embedded ones);
 * 64 sessions x 8 turns concurrently (turns/s), 8 tasks x 5 turns on one session
   (hand-overs, longest wait);
+* 6 processes x 8 turns on one session: p95 and longest wait for the session, also in
+  turn times (served in arrival order, the longest wait stays near 5 turn times);
 * memory CAS write with receipt / read, step ``append_event`` at 10 and 1,000 events.
 
-Usage: ``python benchmarks/run.py [--redis URL] [--postgres URL] [--cosmos URL] [--firestore URL] [--quick]``.
+Usage: ``python benchmarks/run.py [--redis URL] [--postgres URL] [--dynamodb URL] [--cosmos URL]
+[--firestore URL] [--quick]``.
 Numbers are printed, never asserted: speed is measured here, not in tests.
 """
 
@@ -18,7 +21,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import statistics
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -192,6 +198,47 @@ async def bench_contention(url: str, meter: Meter) -> tuple[str, str]:
     )
 
 
+async def bench_processes(url: str, processes: int = 6, turns: int = 8) -> tuple[str, str]:
+    """``processes`` OS processes loop on one session (the contract's ``turns`` worker)."""
+    if StoreURL.parse(url).scheme == "memory":
+        return (f"{processes} processes x {turns} turns, one session", "n/a (process-local)")
+    sid = f"bench-p-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory() as barrier:
+        args = ["turns", url, sid, str(turns), "30", "--barrier", barrier, str(processes)]
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "agent_stores_contract.session_workers",
+                *args,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            for _ in range(processes)
+        ]
+        outputs = [await p.communicate() for p in procs]
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        if proc.returncode != 0:
+            raise RuntimeError(f"a bench process failed: {err.decode()[-2000:]}")
+    done = sorted(
+        (json.loads(line) for out, _ in outputs for line in out.decode().splitlines()),
+        key=lambda t: t["start"],
+    )
+    waits = sorted((t["start"] - t["asked"]) / 1e9 for t in done)
+    starts = [t["start"] for t in done]
+    # Served in arrival order, a turn waits behind at most the other processes' turns.
+    behind = max(sum(1 for s in starts if t["asked"] < s < t["start"]) for t in done)
+    # A turn time: the mean interval between turns, the hand-over included.
+    cycle = (starts[-1] - starts[0]) / (len(starts) - 1) / 1e9
+    p95 = waits[min(len(waits) - 1, int(0.95 * len(waits)))]
+    return (
+        f"{processes} processes x {turns} turns, one session",
+        f"wait p95 {p95 * 1000:.0f} ms, max {waits[-1] * 1000:.0f} ms "
+        f"(= {waits[-1] / cycle:.1f} turn times of {cycle * 1000:.1f} ms); "
+        f"at most {behind} turns served ahead of a waiting one",
+    )
+
+
 async def bench_memory(url: str, meter: Meter, rounds: int) -> list[tuple[str, str]]:
     from agent_stores.memory import KVMemoryStore
     from pydantic_ai_harness.memory import MemoryOperation
@@ -296,6 +343,7 @@ async def run_backend(name: str, url: str, quick: bool) -> list[tuple[str, str]]
         lambda u, m: bench_concurrency(u, m, 10),
         lambda u, m: bench_concurrency(u, m, 100),
         lambda u, m: bench_contention(u, m),
+        lambda u, m: bench_processes(u),
         lambda u, m: bench_memory(u, m, rounds),
         lambda u, m: bench_steps(u, m, rounds),
     ]
@@ -315,6 +363,7 @@ def main() -> None:
     )
     parser.add_argument("--redis")
     parser.add_argument("--postgres")
+    parser.add_argument("--dynamodb")
     parser.add_argument("--cosmos")
     parser.add_argument("--firestore")
     parser.add_argument("--quick", action="store_true", help="fewer rounds, history up to 100")
@@ -324,6 +373,8 @@ def main() -> None:
         targets["redis"] = args.redis
     if args.postgres:
         targets["postgres"] = args.postgres
+    if args.dynamodb:
+        targets["dynamodb"] = args.dynamodb
     if args.cosmos:
         targets["cosmos"] = args.cosmos
     if args.firestore:

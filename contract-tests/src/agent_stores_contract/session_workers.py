@@ -111,7 +111,9 @@ async def turns(*raw: str) -> None:
     """
     (url, session_id, count, lease), barrier = barrier_args(raw)
     async with open_sessions(url, lease_seconds=float(lease)) as store:
-        await store.read_messages(session_id)  # connected before the barrier
+        # Connected and warmed up (first-call costs: scripts, statements) before the barrier.
+        async with store.turn(f"{session_id}.warm-up") as warm:
+            warm.replace(pair("warm-up"))
         if barrier is not None:
             await file_barrier(*barrier)
         for i in range(int(count)):

@@ -14,7 +14,7 @@ lease renewal timing, cancellation, draining) and calls only these methods:
 ``reset`` / ``clear_recovery``   with an acquired handle: delete / unlatch
 ``force_reset``           erase a session whose state cannot even be decoded
 ``note_waiting``          leave the fair hand-over hint
-``enqueue`` / ``queue_head`` / ``keep_ticket`` / ``leave_queue``   the waiters' queue
+``enqueue`` / ``queue_front`` / ``keep_ticket`` / ``leave_queue``   the waiters' queue
 ``inspect`` / ``read_messages`` / ``list_sessions``   lease-free reads
 ========================  ==============================================================
 
@@ -1142,13 +1142,13 @@ class KVSessionStorage:
         )
         return Ticket(key, version, now + self.ticket_seconds)
 
-    async def queue_head(self, session_id: str) -> str | None:
-        """The key of the first live ticket of the session's queue (None: nobody waits)."""
+    async def queue_front(self, session_id: str, count: int = 2) -> list[str]:
+        """The keys of the first ``count`` live tickets of the session's queue, in order."""
         scope = self.scope_for(session_id)
         page = await self._call(
-            session_id, self.kv.scan(scope, prefix=QUEUE_PREFIX, limit=1, values=False)
+            session_id, self.kv.scan(scope, prefix=QUEUE_PREFIX, limit=count, values=False)
         )
-        return page[0].key if page else None
+        return [item.key for item in page]
 
     async def queue(self, session_id: str) -> list[str]:
         """The store ids of the clients waiting for the session, in arrival order."""

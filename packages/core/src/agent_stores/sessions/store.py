@@ -523,6 +523,7 @@ class SessionStore(KVBackedStore):
         hinted = False
         ticket = await self._queue_behind_waiters(session_id)
         at_head = ticket is None
+        rank = 2  # tickets ahead of ours, counted up to 2
         try:
             while True:
                 self._check_open()
@@ -530,11 +531,14 @@ class SessionStore(KVBackedStore):
                     if ticket is not None:
                         ticket = await self.storage.keep_ticket(session_id, ticket)
                         if not at_head:
-                            head = await self.storage.queue_head(session_id)
-                            # Tickets only join at the end, so the head stays the head.
-                            at_head = head is None or head >= ticket.key
-                            if at_head:
+                            front = await self.storage.queue_front(session_id)
+                            ahead = sum(1 for key in front if key < ticket.key)
+                            if ahead < rank:
+                                # Moved up: the session may come free soon, poll promptly.
                                 delay = self.poll_initial_seconds
+                            rank = ahead
+                            # Tickets only join at the end, so the head stays the head.
+                            at_head = ahead == 0
                     outcome: Acquired | Busy | None = None
                     if at_head:
                         outcome = await self.storage.load_and_acquire(
@@ -570,7 +574,7 @@ class SessionStore(KVBackedStore):
                     except SessionError:
                         pass  # waiting works without a place in the queue, only less fairly
                     else:
-                        at_head = False
+                        at_head, rank = False, 2
                         continue
                 # Leave our hint until it is known to be in place; then only when none is
                 # (it expires after a while). A hint seen in the state read may be a stale
@@ -652,7 +656,7 @@ class SessionStore(KVBackedStore):
         if released is None or loop.time() - released >= self._requeue_seconds:
             return None
         try:
-            if await self.storage.queue_head(session_id) is None:
+            if not await self.storage.queue_front(session_id, 1):
                 return None
             return await self.storage.enqueue(session_id)
         except SessionError:
