@@ -512,7 +512,7 @@ def bench(session: nox.Session) -> None:
     args = list(session.posargs)
     with contextlib.ExitStack() as stack:
         side: list[str] = []
-        for name in ("redis", "postgres", "cosmos", "firestore"):
+        for name in ("redis", "postgres", "dynamodb", "cosmos", "firestore"):
             available, urls = BACKENDS[name]
             server = _server_module(name) if name == "postgres" else None
             if server is not None and server.machine_server_available():

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from agent_stores import StoreURL, connect, open_kv
 from agent_stores.kv.counting import CountingKV
@@ -108,6 +109,16 @@ async def backend(url: str) -> AsyncIterator[tuple[str, Meter]]:
         host, _, port = emulator.rpartition(":")
         async with DelayProxy(host, int(port)) as proxy:
             proxied = parsed.with_query(emulator_host=f"127.0.0.1:{proxy.port}")
+            yield proxied.render_with_secrets(), Meter(proxy, None)
+        return
+    endpoint = parsed.query_get("endpoint_url")
+    if parsed.scheme == "dynamodb" and endpoint:
+        # DynamoDB's host is the table; the server is the endpoint URL.
+        server = urlsplit(endpoint)
+        async with DelayProxy(server.hostname or "127.0.0.1", server.port or 80) as proxy:
+            proxied = parsed.with_query(
+                endpoint_url=f"{server.scheme}://127.0.0.1:{proxy.port}{server.path}"
+            )
             yield proxied.render_with_secrets(), Meter(proxy, None)
         return
     async with DelayProxy(parsed.host or "127.0.0.1", parsed.port or 0) as proxy:

@@ -112,7 +112,7 @@ async def turns(*raw: str) -> None:
     (url, session_id, count, lease), barrier = barrier_args(raw)
     async with open_sessions(url, lease_seconds=float(lease)) as store:
         # Connected and warmed up (first-call costs: scripts, statements) before the barrier.
-        async with store.turn(f"{session_id}.warm-up") as warm:
+        async with store.turn(f"{session_id}.warm-up-{os.getpid()}") as warm:
             warm.replace(pair("warm-up"))
         if barrier is not None:
             await file_barrier(*barrier)
