@@ -435,8 +435,10 @@ class SessionStore(KVBackedStore):
         )
         self._active: set[Turn] = set()
         self._queues: dict[str, tuple[asyncio.Lock, int]] = {}
-        # When this store last released each session (event-loop time), so that taking a
-        # session straight back first looks for clients queued for it (fair hand-over).
+        # Sessions this store had to wait for, and when it last released such a session
+        # (event-loop time): taking a contended session straight back first looks for
+        # clients queued for it (fair hand-over). Uncontended sessions never pay for it.
+        self._contended: set[str] = set()
         self._released: dict[str, float] = {}
         self._requeue_seconds = courtesy
         self._closing = False
@@ -559,6 +561,7 @@ class SessionStore(KVBackedStore):
                 if isinstance(outcome, Acquired):
                     if holder is not None or ticket is not None:  # it was busy: passed on to us
                         telemetry.record_handover(self.kv)
+                        self._contended.add(session_id)
                     return outcome.handle
                 if outcome is not None:
                     holder = outcome.holder or holder
@@ -627,6 +630,7 @@ class SessionStore(KVBackedStore):
             self._queues[session_id] = (lock, users - 1)
 
     def _release_queue(self, session_id: str) -> None:
+        self._note_released(session_id)
         lock, _ = self._queues[session_id]
         lock.release()
         self._queue_leave(session_id)
@@ -634,10 +638,12 @@ class SessionStore(KVBackedStore):
     def _turn_finished(self, turn: Turn) -> None:
         if turn in self._active:
             self._active.discard(turn)
-            self._note_released(turn.session_id)
             self._release_queue(turn.session_id)
 
     def _note_released(self, session_id: str) -> None:
+        if session_id not in self._contended:
+            return
+        self._contended.discard(session_id)
         now = asyncio.get_running_loop().time()
         if len(self._released) >= 1024:  # only the last fraction of a second matters
             self._released = {
