@@ -4,7 +4,8 @@ Run by ``nox -s bench`` in a Python 3.13 virtualenv holding the anchors at the v
 the design brief names (``cortex-agent-sdk`` 0.5.0, ``pydantic-ai-harness`` 0.62.0 with its
 PostgreSQL/SQLite stores) beside agent-stores. On a shared 2-core machine only same-run
 ratios mean anything, so every row times both libraries in the same process, against the
-same server, with the same data, alternating which goes first every trial; a row's ratio
+same server, with the same data, alternating which goes first every trial (memory and
+step rows: every operation, so a disk whose fsync latency drifts weighs on both alike); a row's ratio
 is agent-stores ÷ anchor of the medians of all samples, and its range is the min..max of
 the per-trial ratios. Round trips and bytes are counted by a TCP proxy
 (:mod:`benchmarks.proxy`): a round trip is a client burst after the server spoke.
@@ -191,6 +192,11 @@ def ours_sessions(url: str, **options: Any) -> Any:
 def plain(url: str) -> str:
     """``url`` without its query (agent-stores options the anchors' clients do not know)."""
     return urlsplit(url)._replace(query="").geturl()
+
+
+def in_schema(url: str, schema: str) -> str:
+    """``url`` with agent-stores' ``schema`` option (tables of its own, fresh)."""
+    return url + ("&" if "?" in url else "?") + f"schema={schema}"
 
 
 def cortex_sessions(url: str, prefix: str) -> Any:
@@ -497,6 +503,11 @@ async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: s
         await close(store)
 
 
+def _alternate(i: int) -> tuple[str, str]:
+    """Both libraries, the first one flipping with ``i``."""
+    return ("ours", "anchor") if i % 2 == 0 else ("anchor", "ours")
+
+
 async def section_memory(
     res: Results, pg_url: str | None, trials: int, ops: int, workdir: Path
 ) -> None:
@@ -509,7 +520,8 @@ async def section_memory(
         import asyncpg
 
         pool = await asyncpg.create_pool(plain(pg_url), min_size=1, max_size=5)
-        ours = connect(pg_url).memory(owns_kv=True)
+        # A schema of its own, fresh like the anchor's table (not one grown by earlier runs).
+        ours = connect(in_schema(pg_url, f"bench_{run}_mem")).memory(owns_kv=True)
         await ours.kv.setup()
         theirs = PostgresMemoryStore(pool, table=f"bench_{run}_hmem")
 
@@ -517,6 +529,7 @@ async def section_memory(
             await ours.aclose()
             async with pool.acquire() as conn:
                 await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hmem")
+                await conn.execute(f"DROP SCHEMA IF EXISTS bench_{run}_mem CASCADE")
             await pool.close()
 
         groups.append(("PostgreSQL", ours, theirs, close_pg))
@@ -554,44 +567,54 @@ async def section_memory(
                 k: {"ours": [], "anchor": []} for k in ("create", "write", "read")
             }
             trial_medians: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
+            # Operations alternate between the libraries one by one (who goes first flips
+            # every operation): a shared disk whose fsync latency drifts within seconds
+            # then weighs on both alike.
             for trial in range(trials):
-                per: dict[str, dict[str, float]] = {k: {} for k in kinds}
-                for name in ["ours", "anchor"] if trial % 2 == 0 else ["anchor", "ours"]:
-                    store = stores[name]
-                    gc.collect()
-                    creates, writes, reads = [], [], []
-                    for k in range(max(3, ops // 10)):
+                per: dict[str, dict[str, list[float]]] = {
+                    k: {"ours": [], "anchor": []} for k in kinds
+                }
+                gc.collect()
+                for k in range(max(3, ops // 10)):
+                    for name in _alternate(k):
                         t0 = time.perf_counter()
-                        await store.write(
+                        await stores[name].write(
                             f"bench/{run}/{trial}-{name}-{k}/new.md",
                             memory_content(0),
                             expected_version=None,
                             operation=operation(),
                         )
-                        creates.append(time.perf_counter() - t0)
-                    path = f"bench/{run}/{trial}-{name}/MEMORY.md"
+                        per["create"][name].append(time.perf_counter() - t0)
+                paths = {name: f"bench/{run}/{trial}-{name}/MEMORY.md" for name in stores}
+                versions = {}
+                for name, store in stores.items():
                     m = await store.write(
-                        path, memory_content(0), expected_version=None, operation=operation()
+                        paths[name], memory_content(0), expected_version=None, operation=operation()
                     )
-                    for i in range(1, ops + 1):
+                    versions[name] = m.version
+                for i in range(1, ops + 1):
+                    for name in _alternate(i):
                         t0 = time.perf_counter()
-                        m = await store.write(
-                            path,
+                        m = await stores[name].write(
+                            paths[name],
                             memory_content(i),
-                            expected_version=m.version,
+                            expected_version=versions[name],
                             operation=operation(),
                         )
-                        writes.append(time.perf_counter() - t0)
-                    for _ in range(ops):
+                        per["write"][name].append(time.perf_counter() - t0)
+                        versions[name] = m.version
+                for i in range(ops):
+                    for name in _alternate(i):
                         t0 = time.perf_counter()
-                        got = await store.read(path, max_chars=100_000)
-                        reads.append(time.perf_counter() - t0)
-                    assert got is not None and got.content == memory_content(ops)
-                    for kind, values in (("create", creates), ("write", writes), ("read", reads)):
-                        kinds[kind][name] += values
-                        per[kind][name] = statistics.median(values)
+                        got = await stores[name].read(paths[name], max_chars=100_000)
+                        per["read"][name].append(time.perf_counter() - t0)
+                        assert got is not None and got.content == memory_content(ops)
                 for kind in kinds:
-                    trial_medians[kind].append(per[kind])
+                    for name in ("ours", "anchor"):
+                        kinds[kind][name] += per[kind][name]
+                    trial_medians[kind].append(
+                        {n: statistics.median(v) for n, v in per[kind].items()}
+                    )
             for kind, title in (
                 ("write", "CAS write with receipt"),
                 ("create", "create with receipt"),
@@ -612,7 +635,7 @@ async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> Non
     )
     run = uuid.uuid4().hex[:8]
     pool = await asyncpg.create_pool(plain(pg_url), min_size=1, max_size=5)
-    cp = connect(pg_url).checkpointer(owns_kv=True)
+    cp = connect(in_schema(pg_url, f"bench_{run}_steps")).checkpointer(owns_kv=True)
     await cp.setup()
     stores = {
         "ours": cp.step_store(),
@@ -631,24 +654,22 @@ async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> Non
                     await store.append_event(step_event(run_id, i))
                 runs[name], counters[name] = run_id, length
 
-            def trial(
-                name: str, runs: dict[str, str] = runs, counters: dict[str, int] = counters
-            ) -> Callable[[], Awaitable[list[float]]]:
-                async def go() -> list[float]:
-                    out = []
-                    for _ in range(ops):
+            # One append each in turn (who goes first flips every append), as for memory.
+            samples: dict[str, list[float]] = {"ours": [], "anchor": []}
+            per_trial: list[dict[str, float]] = []
+            for _trial in range(trials):
+                got: dict[str, list[float]] = {"ours": [], "anchor": []}
+                gc.collect()
+                for i in range(ops):
+                    for name in _alternate(i):
                         event = step_event(runs[name], counters[name])
                         counters[name] += 1
                         t0 = time.perf_counter()
                         await stores[name].append_event(event)
-                        out.append(time.perf_counter() - t0)
-                    return out
-
-                return go
-
-            samples, per_trial = await interleaved(
-                {"ours": trial("ours"), "anchor": trial("anchor")}, trials
-            )
+                        got[name].append(time.perf_counter() - t0)
+                for name, values in got.items():
+                    samples[name] += values
+                per_trial.append({n: statistics.median(v) for n, v in got.items()})
             res.add(
                 time_row(f"step append_event at {length} events, PostgreSQL", samples, per_trial)
             )
@@ -656,6 +677,7 @@ async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> Non
         await cp.aclose()
         async with pool.acquire() as conn:
             await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hsteps")
+            await conn.execute(f"DROP SCHEMA IF EXISTS bench_{run}_steps CASCADE")
         await pool.close()
 
 

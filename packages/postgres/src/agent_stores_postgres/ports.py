@@ -144,6 +144,13 @@ def _query(kv: PostgresKV, text: LiteralString) -> bytes:
     return sql.SQL(text).format(kv=kv.names.kv).as_bytes(None)
 
 
+def _prepare(kv: PostgresKV) -> bool:
+    """Prepare the port's statements on first use (they run on every write, and a create
+    shape may otherwise stay unprepared for its first executions on each connection),
+    unless preparing is off (``prepare_threshold=none``, e.g. behind PgBouncer)."""
+    return kv.config.prepare_threshold is not None
+
+
 class PostgresMemoryPort:
     """:class:`~agent_stores.memory.port.MemoryPort` on :class:`PostgresKV` (atomic)."""
 
@@ -151,6 +158,7 @@ class PostgresMemoryPort:
 
     def __init__(self, kv: PostgresKV) -> None:
         self.kv = kv
+        self._prepare = _prepare(kv)
         self._write_sql = {
             (replace, index, markers): _query(
                 kv, _memory_write_sql(replace=replace, index=index, markers=markers)
@@ -200,7 +208,7 @@ class PostgresMemoryPort:
 
         async def run(conn: AsyncConnection[Any]) -> tuple[bool, bool]:
             try:
-                cur = await conn.execute(statement, params)
+                cur = await conn.execute(statement, params, prepare=self._prepare)
             except psycopg.errors.DivisionByZero:
                 # The index entry was committed by a concurrent write of the same operation
                 # after this statement's snapshot: the statement rolled back as a whole.
@@ -224,6 +232,7 @@ class PostgresJournalPort:
 
     def __init__(self, kv: PostgresKV) -> None:
         self.kv = kv
+        self._prepare = _prepare(kv)
         self._append_sql = {
             replace: _query(kv, _journal_append_sql(replace=replace)) for replace in (False, True)
         }
@@ -251,7 +260,7 @@ class PostgresJournalPort:
         statement = self._append_sql[request.head_version is not None]
 
         async def run(conn: AsyncConnection[Any]) -> tuple[Any, ...]:
-            cur = await conn.execute(statement, params)
+            cur = await conn.execute(statement, params, prepare=self._prepare)
             row = await cur.fetchone()
             assert row is not None
             return tuple(row)
