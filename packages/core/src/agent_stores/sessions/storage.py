@@ -1165,30 +1165,39 @@ class KVSessionStorage:
         The same key is written again, so a waiter whose ticket lapsed (a stalled event
         loop) keeps its place in the queue.
         """
-        now = self.clock()
-        if ticket.expires_at - now > self.ticket_seconds / 2:
-            return ticket
         scope = self.scope_for(session_id)
         value = self.store_id.encode()
-        try:
-            version = await self._call(
-                session_id,
-                self.kv.replace(
-                    scope,
-                    ticket.key,
-                    value,
-                    expected_version=ticket.version,
-                    ttl=self.ticket_seconds,
-                ),
-            )
-        except ConflictError:
+        for _ in range(3):
+            now = self.clock()
+            if ticket.expires_at - now > self.ticket_seconds / 2:
+                return ticket
+            try:
+                version = await self._call(
+                    session_id,
+                    self.kv.replace(
+                        scope,
+                        ticket.key,
+                        value,
+                        expected_version=ticket.version,
+                        ttl=self.ticket_seconds,
+                    ),
+                )
+                return Ticket(ticket.key, version, now + self.ticket_seconds)
+            except ConflictError:
+                pass
             try:
                 version = await self._call(
                     session_id, self.kv.create(scope, ticket.key, value, ttl=self.ticket_seconds)
                 )
+                return Ticket(ticket.key, version, now + self.ticket_seconds)
             except ConflictError:
-                return ticket  # written meanwhile by nobody else; retried next time
-        return Ticket(ticket.key, version, now + self.ticket_seconds)
+                pass
+            # Live at another version: our own earlier renewal whose reply was lost.
+            entry = await self._call(session_id, self.kv.get(scope, ticket.key))
+            if entry is None or entry.expires_at is None:
+                return ticket  # gone meanwhile: taken again on the next poll
+            ticket = Ticket(ticket.key, entry.version, entry.expires_at)
+        return ticket
 
     def leave_queue(self, session_id: str, ticket: Ticket) -> None:
         """Delete a ticket in the background (its TTL collects it if this fails)."""
