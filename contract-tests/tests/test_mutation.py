@@ -55,6 +55,8 @@ def test_kv_contract_kills_every_broken_backend(pytester: pytest.Pytester) -> No
         # A bug that livelocks a retry loop fails at this deadline instead of the default 300 s.
         "--contract-timeout",
         "60",
+        # Never wait forever on the child run, whatever a mutant does.
+        timeout=850,
     )
     killed: dict[str, list[str]] = {name: [] for name in ["correct", *MUTANTS]}
     ran: dict[str, int] = dict.fromkeys(killed, 0)
