@@ -509,9 +509,11 @@ def bench(session: nox.Session) -> None:
         "packages/postgres",
         external=True,
     )
-    args = list(session.posargs)
+    args = [a for a in session.posargs if a != "--quick"]
+    # Server URLs go through the environment, not argv: nox echoes every command line,
+    # and a URL may carry a key (the Cosmos test server's).
+    env: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        side: list[str] = []
         for name in ("redis", "postgres", "dynamodb", "cosmos", "firestore"):
             available, urls = BACKENDS[name]
             server = _server_module(name) if name == "postgres" else None
@@ -519,15 +521,12 @@ def bench(session: nox.Session) -> None:
                 # Durable commits, as in production: a throwaway cluster runs with fsync
                 # off, which hides exactly what one-commit writes save.
                 found = stack.enter_context(server.postgres_server(throwaway=False))
-                args += [f"--{name}", found[name]]
-                side += [f"--{name}", found[name]]
             elif available():
                 found = stack.enter_context(urls())
-                args += [f"--{name}", found[name]]
-                if name in ("redis", "postgres"):
-                    side += [f"--{name}", found[name]]
             else:
                 session.warn(f"no {name} server here: skipping its rows")
+                continue
+            env[f"AGENT_STORES_BENCH_{name.upper()}"] = found[name]
         markdown = [] if quick else ["--markdown", "docs/benchmarks.md"]
-        session.run(python, "benchmarks/side_by_side.py", *side, *quick, *markdown, external=True)
-        session.run("python", "benchmarks/run.py", *args)
+        session.run(python, "benchmarks/side_by_side.py", *quick, *markdown, external=True, env=env)
+        session.run("python", "benchmarks/run.py", *quick, *args, env=env)

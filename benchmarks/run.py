@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -349,6 +350,11 @@ async def run_backend(name: str, url: str, quick: bool) -> list[tuple[str, str]]
     rounds = 20 if quick else 100
     sizes = [10, 100] if quick else [10, 100, 1000]
     rows: list[tuple[str, str]] = []
+    kv = open_kv(url)
+    try:
+        await kv.setup()  # the table / container a test server starts without
+    finally:
+        await kv.aclose()
     sections: list[Callable[[str, Meter], Awaitable[Any]]] = [
         lambda u, m: bench_turns(u, m, sizes, rounds),
         lambda u, m: bench_concurrency(u, m, 10),
@@ -372,11 +378,11 @@ def main() -> None:
     parser.add_argument(
         "--sqlite", default=f"sqlite:////tmp/agent-stores-bench-{uuid.uuid4().hex[:8]}.db"
     )
-    parser.add_argument("--redis")
-    parser.add_argument("--postgres")
-    parser.add_argument("--dynamodb")
-    parser.add_argument("--cosmos")
-    parser.add_argument("--firestore")
+    parser.add_argument("--redis", default=os.environ.get("AGENT_STORES_BENCH_REDIS"))
+    parser.add_argument("--postgres", default=os.environ.get("AGENT_STORES_BENCH_POSTGRES"))
+    parser.add_argument("--dynamodb", default=os.environ.get("AGENT_STORES_BENCH_DYNAMODB"))
+    parser.add_argument("--cosmos", default=os.environ.get("AGENT_STORES_BENCH_COSMOS"))
+    parser.add_argument("--firestore", default=os.environ.get("AGENT_STORES_BENCH_FIRESTORE"))
     parser.add_argument("--quick", action="store_true", help="fewer rounds, history up to 100")
     args = parser.parse_args()
     targets = {"memory": f"memory://bench-{uuid.uuid4().hex[:6]}", "sqlite": args.sqlite}

@@ -761,8 +761,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--redis")
-    parser.add_argument("--postgres")
+    parser.add_argument("--redis", default=os.environ.get("AGENT_STORES_BENCH_REDIS"))
+    parser.add_argument("--postgres", default=os.environ.get("AGENT_STORES_BENCH_POSTGRES"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--markdown", help="write the results page here (docs/benchmarks.md)")
     parser.add_argument(
