@@ -15,6 +15,7 @@ from __future__ import annotations
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Callable
+from typing import ClassVar, Literal
 
 import pytest
 import pytest_asyncio
@@ -62,6 +63,11 @@ class ContractBase:
     #: ``{"test_name": "reason"}``: standard tests this backend is known to fail, each run
     #: as ``xfail(strict=True, reason=...)`` so it turns red the day the gap is fixed.
     contract_xfails: dict[str, str] = {}
+
+    #: ``"native"``: the stores take the backend's native ports, as a user's stores do;
+    #: ``"generic"``: the core's generic KV ports, so a backend with native ports can run
+    #: the same contract on the generic path too (set it on a second subclass).
+    store_path: ClassVar[Literal["native", "generic"]] = "native"
 
     @pytest.fixture
     def store_url(self, contract_store_url: str) -> str:

@@ -35,6 +35,7 @@ from agent_stores.checkpointer import (
     UncertainEffect,
     make_step_id,
 )
+from agent_stores.checkpointer.port import KVJournalPort
 from agent_stores.kv.base import Operation
 from agent_stores.kv.counting import CountingKV
 
@@ -134,7 +135,11 @@ class CheckpointerContract(ContractBase):
         """Opens checkpointers on new clients of the backend (closed after the test)."""
         opened: list[Checkpointer] = []
 
+        generic = self.store_path == "generic"
+
         def make(kv: KVStore | None = None, **options: Any) -> Checkpointer:
+            if generic:
+                options = {"port": KVJournalPort(), **options}
             checkpointer = Checkpointer(
                 kv if kv is not None else kv_factory(), owns_kv=True, namespace=ns, **options
             )

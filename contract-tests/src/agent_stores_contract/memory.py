@@ -31,6 +31,7 @@ from agent_stores import BackendUnavailableError, KVStore, open_memory
 from agent_stores.kv import Entry, ScanItem
 from agent_stores.kv.counting import CountingKV
 from agent_stores.memory import KVMemoryStore, append_memory, read_whole
+from agent_stores.memory.port import KVMemoryPort
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
@@ -261,7 +262,11 @@ class MemoryContract(ContractBase):
     def memory_factory(self, memory_prefix: str) -> MemoryFactory:
         """Builds a memory store on a KV client: ``memory_factory(kv, **options)``."""
 
+        generic = self.store_path == "generic"
+
         def make(kv: KVStore, **options: Any) -> KVMemoryStore:
+            if generic:
+                options = {"port": KVMemoryPort(kv), **options}
             return KVMemoryStore(kv, **{"scope_prefix": memory_prefix, **options})
 
         return make

@@ -47,6 +47,7 @@ from agent_stores.kv.counting import CountingKV
 from agent_stores.sessions import (
     EffectCall,
     InvalidSessionError,
+    KVSessionPort,
     LeaseLostError,
     RecoveryRequiredError,
     SessionBusyError,
@@ -179,6 +180,8 @@ class SessionContract(ContractBase):
         async def make(**options: Any) -> SessionStore:
             kv = kv_factory()
             await kv.setup()
+            if self.store_path == "generic":
+                options = {"port": KVSessionPort(kv), **options}
             store = connect(kv).sessions(owns_kv=True, **options)
             made.append(store)
             return store

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from agent_stores import KVStore, connect, open_kv
+from agent_stores import connect
 from agent_stores.backends.sqlite import SQLiteKV
 from agent_stores.backends.sqlite_ports import SQLiteSessionPort
 from agent_stores.checkpointer import Checkpointer, JournalEvent
@@ -28,10 +27,6 @@ from agent_stores.memory._harness import MemoryOperation
 from agent_stores.memory.port import KVMemoryPort
 from agent_stores.sessions import KVSessionPort, SessionStore
 from agent_stores_contract import CheckpointerContract, MemoryContract, SessionContract
-from agent_stores_contract.base import KVFactory
-from agent_stores_contract.checkpointer import CheckpointerFactory
-from agent_stores_contract.memory import MemoryFactory
-from agent_stores_contract.sessions import SessionsFactory
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 
@@ -44,62 +39,28 @@ class SQLiteURL:
 class TestSQLiteSessionsGeneric(SQLiteURL, SessionContract):
     """The session contract on SQLite through the generic KV port."""
 
-    @pytest_asyncio.fixture
-    async def sessions_factory(self, kv_factory: KVFactory) -> AsyncIterator[SessionsFactory]:
-        made: list[SessionStore] = []
+    store_path = "generic"
 
-        async def make(**options: Any) -> SessionStore:
-            kv = kv_factory()
-            store = SessionStore(kv, owns_kv=True, port=KVSessionPort(kv), **options)
-            made.append(store)
-            return store
-
-        try:
-            yield make
-        finally:
-            for store in made:
-                await store.aclose(timeout_seconds=5)
+    async def test_stores_take_the_generic_port(self, sessions: SessionStore) -> None:
+        assert type(sessions.storage.port) is KVSessionPort
 
 
 class TestSQLiteMemoryGeneric(SQLiteURL, MemoryContract):
     """The memory contract on SQLite through the generic KV port."""
 
-    @pytest.fixture
-    def memory_factory(self, memory_prefix: str) -> MemoryFactory:
-        def make(kv: KVStore, **options: Any) -> KVMemoryStore:
-            return KVMemoryStore(
-                kv, port=KVMemoryPort(kv), **{"scope_prefix": memory_prefix, **options}
-            )
+    store_path = "generic"
 
-        return make
+    async def test_stores_take_the_generic_port(self, memory: KVMemoryStore) -> None:
+        assert type(memory.port) is KVMemoryPort
 
 
 class TestSQLiteCheckpointerGeneric(SQLiteURL, CheckpointerContract):
     """The checkpointer contract on SQLite through the generic two-step append."""
 
-    @pytest.fixture
-    def kv_factory(self, store_url: str) -> KVFactory:
-        return lambda: open_kv(store_url)
+    store_path = "generic"
 
-    @pytest_asyncio.fixture
-    async def checkpointer_factory(
-        self, kv_factory: KVFactory, ns: str
-    ) -> AsyncIterator[CheckpointerFactory]:
-        opened: list[Checkpointer] = []
-
-        def make(kv: KVStore | None = None, **options: Any) -> Checkpointer:
-            kv = kv if kv is not None else kv_factory()
-            checkpointer = Checkpointer(
-                kv, owns_kv=True, scope_prefix=f"{ns}/", port=KVJournalPort(), **options
-            )
-            opened.append(checkpointer)
-            return checkpointer
-
-        try:
-            yield make
-        finally:
-            for checkpointer in opened:
-                await checkpointer.aclose()
+    async def test_stores_take_the_generic_port(self, checkpointer: Checkpointer) -> None:
+        assert type(checkpointer.port) is KVJournalPort
 
 
 # -- one transaction per write -----------------------------------------------------------------

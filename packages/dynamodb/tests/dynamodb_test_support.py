@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from agent_stores import StoreURL
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -41,3 +42,14 @@ def with_fresh_prefix(url: str) -> str:
 def with_options(url: str, **options: str) -> str:
     """``url`` with the given query options set."""
     return StoreURL.parse(url).with_query(**options).render_with_secrets()
+
+
+# moto handles one request at a time (see scripts/servers/dynamodb.py): the tests that
+# start worker processes need more than the contract's default deadline on a busy machine.
+@pytest.mark.timeout(CONTRACT_TIMEOUT)
+class DynamoDBURL:
+    """Runs a contract class on the moto server, a fresh prefix per test."""
+
+    @pytest.fixture
+    def store_url(self, dynamodb_base_url: str) -> str:
+        return with_fresh_prefix(dynamodb_base_url)

@@ -6,20 +6,8 @@ this module lets ``pytest packages/dynamodb/tests`` run it too.
 
 from __future__ import annotations
 
-import pytest
 from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
-from dynamodb_test_support import CONTRACT_TIMEOUT, with_fresh_prefix
-
-
-# moto handles one request at a time (see scripts/servers/dynamodb.py): the tests that
-# start worker processes need more than the contract's default deadline on a busy machine.
-@pytest.mark.timeout(CONTRACT_TIMEOUT)
-class DynamoDBURL:
-    """Runs a contract class on the moto server, a fresh prefix per test."""
-
-    @pytest.fixture
-    def store_url(self, dynamodb_base_url: str) -> str:
-        return with_fresh_prefix(dynamodb_base_url)
+from dynamodb_test_support import DynamoDBURL
 
 
 class TestDynamoDBKV(DynamoDBURL, KVContract):

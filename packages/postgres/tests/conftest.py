@@ -32,6 +32,14 @@ def postgres_url() -> Iterator[str]:
         yield urls["postgres"]
 
 
+@pytest.fixture(scope="session")
+def contract_url(postgres_url: str) -> Iterator[str]:
+    """The session's database in a schema of its own, shared by the contract classes."""
+    schema = f"contract_{uuid.uuid4().hex[:10]}"
+    yield with_options(postgres_url, schema=schema)
+    drop_schema(postgres_url, schema)
+
+
 @pytest.fixture
 def schema_name() -> str:
     """A fresh schema name for one test."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import psycopg
+import pytest
 from agent_stores import StoreURL
 from agent_stores_postgres.config import PostgresConfig
 from psycopg.conninfo import make_conninfo
@@ -53,3 +54,11 @@ def drop_schema(url: str, schema: str) -> None:
                 psycopg.sql.Identifier(schema)
             )
         )
+
+
+class PostgresURL:
+    """Points a contract class at the schema the contract classes share (``contract_url``)."""
+
+    @pytest.fixture
+    def store_url(self, contract_url: str) -> str:
+        return contract_url

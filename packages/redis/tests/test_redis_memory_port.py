@@ -9,12 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from agent_stores import KVStore, connect
-from agent_stores.memory import KVMemoryStore
+from agent_stores import connect
 from agent_stores.memory._harness import MemoryOperation, MemoryOperationConflictError
-from agent_stores.memory.port import KVMemoryPort
 from agent_stores_contract import MemoryContract
-from agent_stores_contract.memory import MemoryFactory
 from agent_stores_redis.kv import RedisKV
 from agent_stores_redis.memory import RedisMemoryPort
 from redis_test_support import with_fresh_prefix
@@ -23,18 +20,11 @@ from redis_test_support import with_fresh_prefix
 class TestRedisMemoryGeneric(MemoryContract):
     """The memory contract on standalone Redis through the generic KV port."""
 
+    store_path = "generic"
+
     @pytest.fixture
     def store_url(self, redis_urls: dict[str, str]) -> str:
         return with_fresh_prefix(redis_urls["redis"])
-
-    @pytest.fixture
-    def memory_factory(self, memory_prefix: str) -> MemoryFactory:
-        def make(kv: KVStore, **options: Any) -> KVMemoryStore:
-            return KVMemoryStore(
-                kv, port=KVMemoryPort(kv), **{"scope_prefix": memory_prefix, **options}
-            )
-
-        return make
 
 
 class Commands:

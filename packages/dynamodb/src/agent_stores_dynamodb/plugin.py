@@ -79,9 +79,10 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
         return None
     from agent_stores.sessions import SessionStore
 
-    from .sessions import HANDOVER_COURTESY_SECONDS, DynamoDBSessionPort
+    from .sessions import HANDOVER_COURTESY_SECONDS
 
     # A DynamoDB request takes milliseconds, not Redis's microseconds: a waiting client
     # needs a wider window to take a released session (only used when one is waiting).
+    # The port comes from session_port above unless the caller passes one.
     options = {"handover_courtesy_seconds": HANDOVER_COURTESY_SECONDS, **options}
-    return SessionStore(dynamodb_kv, port=DynamoDBSessionPort(dynamodb_kv), **options)
+    return SessionStore(dynamodb_kv, **options)

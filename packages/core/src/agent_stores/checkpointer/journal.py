@@ -77,6 +77,11 @@ class Checkpointer(KVBackedStore):
     def __repr__(self) -> str:
         return f"<Checkpointer {self.kv.describe()} scope_prefix={self.space.scope_prefix!r}>"
 
+    @property
+    def port(self) -> JournalPort:
+        """The port appends go through: the backend's native one, or the generic one."""
+        return self.space.port
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def setup(self) -> None:

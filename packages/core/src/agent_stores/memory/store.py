@@ -179,6 +179,11 @@ class KVMemoryStore(KVBackedStore):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
 
+    @property
+    def port(self) -> MemoryPort:
+        """The port reads and writes go through: the backend's native one, or the generic one."""
+        return self._port
+
     # -- lifecycle ------------------------------------------------------------------------
 
     async def aclose(self) -> None:
