@@ -144,6 +144,8 @@ class CheckpointerContract(ContractBase):
                 kv if kv is not None else kv_factory(), owns_kv=True, namespace=ns, **options
             )
             opened.append(checkpointer)
+            if generic:
+                assert type(checkpointer.port) is KVJournalPort, "not on the generic path"
             return checkpointer
 
         try:

@@ -267,7 +267,10 @@ class MemoryContract(ContractBase):
         def make(kv: KVStore, **options: Any) -> KVMemoryStore:
             if generic:
                 options = {"port": KVMemoryPort(kv), **options}
-            return KVMemoryStore(kv, **{"scope_prefix": memory_prefix, **options})
+            store = KVMemoryStore(kv, **{"scope_prefix": memory_prefix, **options})
+            if generic:
+                assert type(store.port) is KVMemoryPort, "not on the generic path"
+            return store
 
         return make
 

@@ -184,6 +184,8 @@ class SessionContract(ContractBase):
                 options = {"port": KVSessionPort(kv), **options}
             store = connect(kv).sessions(owns_kv=True, **options)
             made.append(store)
+            if self.store_path == "generic":
+                assert type(store.storage.port) is KVSessionPort, "not on the generic path"
             return store
 
         try:

@@ -20,8 +20,7 @@ import pytest_asyncio
 from agent_stores import connect
 from agent_stores.backends.sqlite import SQLiteKV
 from agent_stores.backends.sqlite_ports import SQLiteSessionPort
-from agent_stores.checkpointer import Checkpointer, JournalEvent
-from agent_stores.checkpointer.port import KVJournalPort
+from agent_stores.checkpointer import JournalEvent
 from agent_stores.memory import KVMemoryStore
 from agent_stores.memory._harness import MemoryOperation
 from agent_stores.memory.port import KVMemoryPort
@@ -41,26 +40,17 @@ class TestSQLiteSessionsGeneric(SQLiteURL, SessionContract):
 
     store_path = "generic"
 
-    async def test_stores_take_the_generic_port(self, sessions: SessionStore) -> None:
-        assert type(sessions.storage.port) is KVSessionPort
-
 
 class TestSQLiteMemoryGeneric(SQLiteURL, MemoryContract):
     """The memory contract on SQLite through the generic KV port."""
 
     store_path = "generic"
 
-    async def test_stores_take_the_generic_port(self, memory: KVMemoryStore) -> None:
-        assert type(memory.port) is KVMemoryPort
-
 
 class TestSQLiteCheckpointerGeneric(SQLiteURL, CheckpointerContract):
     """The checkpointer contract on SQLite through the generic two-step append."""
 
     store_path = "generic"
-
-    async def test_stores_take_the_generic_port(self, checkpointer: Checkpointer) -> None:
-        assert type(checkpointer.port) is KVJournalPort
 
 
 # -- one transaction per write -----------------------------------------------------------------

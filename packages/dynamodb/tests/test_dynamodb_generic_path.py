@@ -8,7 +8,6 @@ checkpointer have no DynamoDB port: the contract session already runs their only
 
 from __future__ import annotations
 
-from agent_stores.sessions import KVSessionPort, SessionStore
 from agent_stores_contract import SessionContract
 from dynamodb_test_support import DynamoDBURL
 
@@ -17,6 +16,3 @@ class TestDynamoDBSessionsGeneric(DynamoDBURL, SessionContract):
     """The session contract on DynamoDB through the generic KV port."""
 
     store_path = "generic"
-
-    async def test_stores_take_the_generic_port(self, sessions: SessionStore) -> None:
-        assert type(sessions.storage.port) is KVSessionPort

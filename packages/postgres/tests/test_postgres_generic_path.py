@@ -7,11 +7,6 @@ core's generic ports (``store_path = "generic"``), so both paths stay correct.
 
 from __future__ import annotations
 
-from agent_stores.checkpointer import Checkpointer
-from agent_stores.checkpointer.port import KVJournalPort
-from agent_stores.memory import KVMemoryStore
-from agent_stores.memory.port import KVMemoryPort
-from agent_stores.sessions import KVSessionPort, SessionStore
 from agent_stores_contract import CheckpointerContract, MemoryContract, SessionContract
 from pg_test_support import PostgresURL
 
@@ -21,23 +16,14 @@ class TestPostgresSessionsGeneric(PostgresURL, SessionContract):
 
     store_path = "generic"
 
-    async def test_stores_take_the_generic_port(self, sessions: SessionStore) -> None:
-        assert type(sessions.storage.port) is KVSessionPort
-
 
 class TestPostgresMemoryGeneric(PostgresURL, MemoryContract):
     """The memory contract on PostgreSQL through the generic KV port."""
 
     store_path = "generic"
 
-    async def test_stores_take_the_generic_port(self, memory: KVMemoryStore) -> None:
-        assert type(memory.port) is KVMemoryPort
-
 
 class TestPostgresCheckpointerGeneric(PostgresURL, CheckpointerContract):
     """The checkpointer contract on PostgreSQL through the generic two-step append."""
 
     store_path = "generic"
-
-    async def test_stores_take_the_generic_port(self, checkpointer: Checkpointer) -> None:
-        assert type(checkpointer.port) is KVJournalPort

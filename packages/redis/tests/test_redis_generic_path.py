@@ -10,7 +10,6 @@ server (``store_path = "generic"``). The memory port's generic path runs in
 from __future__ import annotations
 
 import pytest
-from agent_stores.sessions import KVSessionPort, SessionStore
 from agent_stores_contract import SessionContract
 from redis_test_support import with_fresh_prefix
 
@@ -23,6 +22,3 @@ class TestRedisSessionsGeneric(SessionContract):
     @pytest.fixture
     def store_url(self, redis_urls: dict[str, str]) -> str:
         return with_fresh_prefix(redis_urls["redis"])
-
-    async def test_stores_take_the_generic_port(self, sessions: SessionStore) -> None:
-        assert type(sessions.storage.port) is KVSessionPort
