@@ -24,7 +24,7 @@ from agent_stores.sessions import KVSessionPort, SessionStore
 async def test_direct_constructors_get_the_sqlite_ports(tmp_path: Path) -> None:
     async with open_kv(f"sqlite:///{tmp_path}/direct.db") as kv:
         assert isinstance(SessionStore(kv).storage.port, SQLiteSessionPort)
-        assert isinstance(KVMemoryStore(kv)._port, SQLiteMemoryPort)
+        assert isinstance(KVMemoryStore(kv).port, SQLiteMemoryPort)
         assert isinstance(Checkpointer(kv).space.port, SQLiteJournalPort)
         # the same as through open_sessions
         sessions = open_sessions(kv)
@@ -34,7 +34,7 @@ async def test_direct_constructors_get_the_sqlite_ports(tmp_path: Path) -> None:
 def test_memory_kv_keeps_the_generic_ports() -> None:
     kv = MemoryKV()
     assert isinstance(SessionStore(kv).storage.port, KVSessionPort)
-    assert isinstance(KVMemoryStore(kv)._port, KVMemoryPort)
+    assert isinstance(KVMemoryStore(kv).port, KVMemoryPort)
     assert isinstance(Checkpointer(kv).space.port, KVJournalPort)
 
 

@@ -13,5 +13,5 @@ from agent_stores_postgres.sessions import PostgresSessionPort
 async def test_direct_stores_are_native(schema_url: str) -> None:
     async with open_kv(schema_url) as kv:
         assert isinstance(SessionStore(kv).storage.port, PostgresSessionPort)
-        assert isinstance(KVMemoryStore(kv)._port, PostgresMemoryPort)
+        assert isinstance(KVMemoryStore(kv).port, PostgresMemoryPort)
         assert isinstance(Checkpointer(kv).space.port, PostgresJournalPort)

@@ -84,7 +84,7 @@ async def test_reused_operation_on_another_path_writes_nothing(schema_url: str) 
 
     async with connect(schema_url) as conn:
         memory = conn.memory()
-        port = memory._port
+        port = memory.port
         assert isinstance(port, PostgresMemoryPort)
         await memory.write("a.md", "x", expected_version=None, operation=MemoryOperation("op", "1"))
         try:

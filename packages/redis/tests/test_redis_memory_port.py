@@ -48,8 +48,8 @@ async def test_memory_write_is_one_script(standalone_url: str) -> None:
     async with connect(standalone_url) as conn:
         memory = conn.memory()
         kv = conn.kv
-        assert isinstance(kv, RedisKV) and isinstance(memory._port, RedisMemoryPort)
-        assert memory._port.atomic
+        assert isinstance(kv, RedisKV) and isinstance(memory.port, RedisMemoryPort)
+        assert memory.port.atomic
         await memory.write("warm/w.md", "w", expected_version=None)  # script cached
         commands = Commands(kv)
         created = await memory.write(
@@ -87,7 +87,7 @@ async def test_memory_port_is_generic_on_a_cluster(redis_urls: dict[str, str]) -
     algorithm there, and receipts stay in the records."""
     async with connect(with_fresh_prefix(redis_urls["redis-cluster"])) as conn:
         memory = conn.memory()
-        assert isinstance(memory._port, RedisMemoryPort) and not memory._port.atomic
+        assert isinstance(memory.port, RedisMemoryPort) and not memory.port.atomic
         first = await memory.write(
             "u/a.md", "x", expected_version=None, operation=MemoryOperation("c0", "f")
         )
