@@ -572,13 +572,25 @@ class SessionStore(KVBackedStore):
                         session_id=session_id,
                     )
                 if ticket is None:
-                    try:
-                        ticket = await self.storage.enqueue(session_id)
-                    except SessionError:
-                        pass  # waiting works without a place in the queue, only less fairly
-                    else:
+                    # The hint goes out with the ticket, so the holder's store yields the
+                    # session at its next release instead of looping on it (one round trip).
+                    hint = outcome is not None and outcome.retry_after is None
+                    placed, noted = await asyncio.gather(
+                        self.storage.enqueue(session_id),
+                        self.storage.note_waiting(session_id) if hint else _no_hint(),
+                        return_exceptions=True,
+                    )
+                    for failure in (placed, noted):
+                        if isinstance(failure, BaseException) and not isinstance(
+                            failure, SessionError
+                        ):
+                            raise failure
+                    hinted = noted is True
+                    if isinstance(placed, Ticket):
+                        ticket = placed
                         at_head, rank = False, 2
                         continue
+                    # No place in the queue: waiting works without it, only less fairly.
                 # Leave our hint until it is known to be in place; then only when none is
                 # (it expires after a while). A hint seen in the state read may be a stale
                 # one of the holder itself, which would not make it hand over.
@@ -790,3 +802,7 @@ def _consume(future: asyncio.Future[Any]) -> None:
 def _positive(name: str, value: float) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
         raise ConfigError(detail=f"{name} must be a positive number, got {value!r}")
+
+
+async def _no_hint() -> bool:
+    return False
