@@ -198,6 +198,26 @@ async def test_commit_checks_do_not_write(kv: FirestoreKV) -> None:
     assert entry_b is not None and entry_b.value == b"b"
 
 
+async def test_commit_reports_the_first_failing_operation(kv: FirestoreKV) -> None:
+    """A version that cannot be this store's fails its operation only if no earlier one fails.
+
+    Found by the model-based contract test: a Create over a live key (decided by the
+    server) came before a Replace with a foreign version (decided locally), and the
+    conflict named the Replace.
+    """
+    await kv.create("s", "live", b"v")
+    with pytest.raises(ConflictError) as caught:
+        await kv.commit(
+            "s", [Create("live", b"x"), Replace("other", b"y", "not-a-version-of-this-store")]
+        )
+    assert caught.value.index == 0
+    with pytest.raises(ConflictError) as caught:
+        await kv.commit("s", [Delete("live"), Replace("other", b"y", "not-a-version")])
+    assert caught.value.index == 1  # an unconditional delete cannot fail: decided locally
+    entry = await kv.get("s", "live")
+    assert entry is not None and entry.value == b"v" and await kv.get("s", "other") is None
+
+
 async def test_commit_over_expired_entries(kv: FirestoreKV) -> None:
     """Expired documents count as absent in a commit (the second, read-then-pin pass)."""
     await kv.create("s", "gone", b"old", ttl=5)

@@ -740,7 +740,11 @@ class FirestoreKV(KVStore):
         state: list[DocumentSnapshot] | None = None
         for _ in range(MAX_ROUNDS):
             # Built before the first attempt: a failed condition raises here, unsent.
-            _, expiries = self._build_batch(scope, ops, refs, nonces, now, state)
+            try:
+                _, expiries = self._build_batch(scope, ops, refs, nonces, now, state)
+            except _DecideOnStoredState:
+                state = await self._read_all(refs)
+                continue
             attempt = _Attempt()
 
             async def send(state: list[DocumentSnapshot] | None = state) -> list[Any]:
@@ -830,6 +834,10 @@ class FirestoreKV(KVStore):
                 if expected is not None:
                     parsed = parse_version(expected)
                     if parsed is None or (parsed[1] is not None and parsed[1] <= now):
+                        if any(_may_fail(earlier) for earlier in ops[:i]):
+                            # The first failing operation is the one to report, and an
+                            # earlier one may fail on what is stored: read it first.
+                            raise _DecideOnStoredState
                         raise conflict(i, "version mismatch")
                     pinned = self._at(parsed[0])
                 if isinstance(op, Create):
@@ -876,6 +884,15 @@ class FirestoreKV(KVStore):
         """Raw document ids of a scope (for diagnostics and tests)."""
         async for ref in self._entries(scope).list_documents(retry=None, timeout=self._timeout):
             yield ref.id
+
+
+class _DecideOnStoredState(Exception):
+    """A commit's outcome depends on what is stored: read the documents before deciding."""
+
+
+def _may_fail(op: Operation) -> bool:
+    """Whether ``op`` can fail on what is stored (only an unconditional delete cannot)."""
+    return not (isinstance(op, Delete) and op.expected_version is None)
 
 
 def _past_scope(base: str, doc_id: str) -> str:
