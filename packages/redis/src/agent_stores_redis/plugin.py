@@ -13,7 +13,7 @@ runs its conditional writes through the same Lua scripts.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 from agent_stores.kv.base import KVStore
@@ -21,6 +21,8 @@ from agent_stores.kv.base import KVStore
 if TYPE_CHECKING:
     from agent_stores.memory.port import MemoryPort
     from agent_stores.sessions.port import SessionPort
+
+    from .kv import RedisKV
 
 FACTORY = "agent_stores_redis.kv:RedisKV.from_url"
 
@@ -55,26 +57,34 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     return RedisKV.from_client(client, **options)
 
 
-@hookimpl
-def session_port(kv: KVStore) -> SessionPort | None:
-    """The native session port (one script each way: two round trips per turn) for a Redis KV."""
+def _redis(kv: KVStore) -> RedisKV | None:
+    # A Redis store exists only once its module is imported: never import it here.
     kv_module = sys.modules.get("agent_stores_redis.kv")
     if kv_module is None or not isinstance(kv, kv_module.RedisKV):
         return None
+    return cast("RedisKV", kv)
+
+
+@hookimpl
+def session_port(kv: KVStore) -> SessionPort | None:
+    """The native session port (one script each way: two round trips per turn) for a Redis KV."""
+    redis_kv = _redis(kv)
+    if redis_kv is None:
+        return None
     from .sessions import RedisSessionPort
 
-    return RedisSessionPort(kv)
+    return RedisSessionPort(redis_kv)
 
 
 @hookimpl
 def memory_port(kv: KVStore) -> MemoryPort | None:
     """The native memory port (record, receipt index and markers in one script) for a Redis KV."""
-    kv_module = sys.modules.get("agent_stores_redis.kv")
-    if kv_module is None or not isinstance(kv, kv_module.RedisKV):
+    redis_kv = _redis(kv)
+    if redis_kv is None:
         return None
     from .memory import RedisMemoryPort
 
-    return RedisMemoryPort(kv)
+    return RedisMemoryPort(redis_kv)
 
 
 def kv_from_redis_client(client: Any, options: dict[str, Any] | None = None) -> KVStore:

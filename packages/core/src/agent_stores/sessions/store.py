@@ -571,38 +571,35 @@ class SessionStore(KVBackedStore):
                         f"session {session_id!r} stayed busy{who} for the whole timeout",
                         session_id=session_id,
                     )
+                # Leave our hint until it is known to be in place; then only when none is
+                # (it expires after a while). A hint seen in the state read may be a stale
+                # one of the holder itself, which would not make it hand over.
+                want_hint = (
+                    outcome is not None
+                    and outcome.retry_after is None
+                    and not (outcome.waiter_hinted and hinted)
+                )
                 if ticket is None:
                     # The hint goes out with the ticket, so the holder's store yields the
                     # session at its next release instead of looping on it (one round trip).
-                    hint = outcome is not None and outcome.retry_after is None
-                    placed, noted = await asyncio.gather(
-                        self.storage.enqueue(session_id),
-                        self.storage.note_waiting(session_id) if hint else _no_hint(),
+                    results = await asyncio.gather(
+                        self._take_ticket(session_id),
+                        self._leave_hint(session_id) if want_hint else _no_hint(),
                         return_exceptions=True,
                     )
-                    for failure in (placed, noted):
-                        if isinstance(failure, BaseException) and not isinstance(
-                            failure, SessionError
-                        ):
-                            raise failure
-                    hinted = noted is True
+                    for result in results:
+                        if isinstance(result, BaseException):
+                            raise result
+                    placed, noted = results
+                    if want_hint:
+                        hinted = noted is True
                     if isinstance(placed, Ticket):
                         ticket = placed
                         at_head, rank = False, 2
                         continue
                     # No place in the queue: waiting works without it, only less fairly.
-                # Leave our hint until it is known to be in place; then only when none is
-                # (it expires after a while). A hint seen in the state read may be a stale
-                # one of the holder itself, which would not make it hand over.
-                if (
-                    outcome is not None
-                    and outcome.retry_after is None
-                    and not (outcome.waiter_hinted and hinted)
-                ):
-                    try:
-                        hinted = await self.storage.note_waiting(session_id)
-                    except SessionError:
-                        pass  # the hint is a courtesy; waiting works without it
+                elif want_hint:
+                    hinted = await self._leave_hint(session_id)
                 # Poll with jittered exponential backoff; a courtesy pause (we just released
                 # the session and someone else waits) is polled through the same way, so
                 # that if the other client takes the session we get it back in turn.
@@ -676,9 +673,23 @@ class SessionStore(KVBackedStore):
         try:
             if not await self.storage.queue_front(session_id, 1):
                 return None
-            return await self.storage.enqueue(session_id)
         except SessionError:
             return None  # the queue is for fairness only: go ahead without it
+        return await self._take_ticket(session_id)
+
+    async def _take_ticket(self, session_id: str) -> Ticket | None:
+        """A place in the session's queue, or None if it cannot be had (fairness only)."""
+        try:
+            return await self.storage.enqueue(session_id)
+        except SessionError:
+            return None
+
+    async def _leave_hint(self, session_id: str) -> bool:
+        """The hand-over hint; False if it could not be left (it is a courtesy)."""
+        try:
+            return await self.storage.note_waiting(session_id)
+        except SessionError:
+            return False
 
     # -- administration -------------------------------------------------------------------
 
