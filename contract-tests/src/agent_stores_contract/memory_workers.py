@@ -12,6 +12,7 @@ own KV client right before the (K+1)-th KV write.
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -31,7 +32,14 @@ async def append_lines(url: str, prefix: str, path: str, tag: str, count: str) -
         await store.list_paths(path, limit=1)  # connect before the start line
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-        await asyncio.gather(*(append_memory(store, path, f"{tag}-{i}") for i in range(int(count))))
+
+        async def one(i: int) -> None:
+            # Spread over a few milliseconds: a fast backend would otherwise finish all of
+            # this process's appends before the next writer starts, and nothing would race.
+            await asyncio.sleep(random.random() * 0.02)
+            await append_memory(store, path, f"{tag}-{i}")
+
+        await asyncio.gather(*(one(i) for i in range(int(count))))
     finally:
         await kv.aclose()
 
