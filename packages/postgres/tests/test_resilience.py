@@ -351,7 +351,11 @@ def test_store_used_from_two_asyncio_runs(schema_url: str, admin: psycopg.Connec
         lambda: activity(admin, application),
     )
     asyncio.run(use(b"b"))
-    wait_for(lambda: not backends_of(admin, application), "second loop's connections to close")
+    wait_for(
+        lambda: not backends_of(admin, application),
+        "second loop's connections to close",
+        lambda: activity(admin, application),
+    )
 
     async def check() -> list[str]:
         keys = [i.key for i in await kv.scan("s", limit=100)]

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
+import traceback
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -44,12 +45,13 @@ from psycopg_pool import AsyncConnectionPool
 
 
 def connection_is_dead(conn: AsyncConnection[Any]) -> bool:
-    """True when an idle connection was closed by the server (no round trip).
+    """True when an idle connection was closed, or is being closed, by the server (no round trip).
 
     An idle backend sends nothing unless it is going away (``LISTEN`` is never used on
-    these connections, and parameter/notice messages are consumed harmlessly), so a
-    readable socket is drained with ``PQconsumeInput`` until libpq sees EOF or nothing
-    is left.
+    these connections), so anything readable on the socket of an idle connection condemns
+    it: a terminated backend writes its FATAL error before its socket closes, and a check
+    made between the two would otherwise hand out a connection that fails on first use.
+    The rare harmless case, an asynchronous notice, only costs one reconnect.
     """
     if conn.closed:
         return True
@@ -60,19 +62,9 @@ def connection_is_dead(conn: AsyncConnection[Any]) -> bool:
         fileno = pgconn.socket
     except psycopg.OperationalError:
         return True
-    for _ in range(4):
-        poller = select.poll()
-        poller.register(fileno, select.POLLIN | select.POLLERR | select.POLLHUP)
-        if not poller.poll(0):
-            return False
-        try:
-            pgconn.consume_input()
-        except psycopg.OperationalError:
-            return True
-        if pgconn.status != pq.ConnStatus.OK:
-            return True
-    # Still readable after several drains: something is streaming at an idle connection.
-    return True
+    poller = select.poll()
+    poller.register(fileno, select.POLLIN | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(0))
 
 
 class ConnectFailures:
@@ -121,6 +113,12 @@ def reporting_connection_class(failures: ConnectFailures) -> type[AsyncConnectio
                 conn = await super().connect(conninfo, **kwargs)
             except psycopg.Error as exc:
                 failures.report(exc)
+                raise
+            except asyncio.CancelledError as exc:
+                # Cancelled mid-handshake (its loop shutting down): the half-open socket
+                # lives in the finished frames of this traceback, which the pool keeps
+                # with its cancelled task; clearing them closes the socket now.
+                traceback.clear_frames(exc.__traceback__)
                 raise
             failures.connected()
             return conn
@@ -283,7 +281,9 @@ class LoopBoundPool:
             conn: AsyncConnection[Any] = await self._getconn(pool)
             if not connection_is_dead(conn):
                 return conn
-            # The pool sees the broken status, drops the connection and opens a new one.
+            # Closed, the pool drops the connection and opens a new one.
+            if not conn.closed:
+                await conn.close()
             await pool.putconn(conn)
         conn = await self._getconn(pool)
         return conn
