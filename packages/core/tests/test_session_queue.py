@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from agent_stores.backends.memory import MemoryKV
+from agent_stores.kv.base import Entry, Operation
 from agent_stores.kv.counting import CountingKV
 from agent_stores.sessions import SessionStore
 from agent_stores.sessions.records import QUEUE_PREFIX
@@ -58,3 +63,90 @@ async def test_uncontended_turns_never_touch_the_queue() -> None:
             async with store.turn("s") as session:
                 session.replace([*session.messages, *pair(str(i))])
         assert counting.calls["scan"] == 0
+
+
+class SlowKV(CountingKV):
+    """Every primitive takes ``delay`` seconds more, like a loaded remote backend."""
+
+    def __init__(self, inner: MemoryKV, delay: float) -> None:
+        super().__init__(inner)
+        self.delay = delay
+
+    async def _get(self, scope: str, key: str) -> Entry | None:
+        await asyncio.sleep(self.delay)
+        return await super()._get(scope, key)
+
+    async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
+        await asyncio.sleep(self.delay)
+        return await super()._get_many(scope, keys)
+
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
+        await asyncio.sleep(self.delay)
+        return await super()._create(scope, key, value, expires_at, now)
+
+    async def _replace(
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
+    ) -> str:
+        await asyncio.sleep(self.delay)
+        return await super()._replace(scope, key, value, expected_version, expires_at, now)
+
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        await asyncio.sleep(self.delay)
+        return await super()._delete(scope, key, expected_version, now)
+
+    async def _scan(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(self.delay)
+        return await super()._scan(*args, **kwargs)
+
+    async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        await asyncio.sleep(self.delay)
+        return await super()._commit(scope, ops, now)
+
+
+async def test_hand_over_windows_grow_with_the_measured_round_trip() -> None:
+    """On a slow backend the courtesy, hint and ticket lifetimes grow by a few round trips."""
+    async with SessionStore(MemoryKV()) as fast, SessionStore(SlowKV(MemoryKV(), 0.05)) as slow:
+        for store in (fast, slow):
+            async with store.turn("s") as session:
+                session.replace(pair("x"))
+        assert fast.storage.courtesy_seconds < fast.storage.handover_courtesy_seconds + 0.01
+        assert slow.storage.courtesy_seconds >= slow.storage.handover_courtesy_seconds + 0.2
+        assert slow.storage.hint_seconds >= slow.storage.waiter_hint_seconds + 0.4
+        assert slow.storage.ticket_seconds >= 4 * slow.storage.hint_seconds
+
+
+async def test_a_waiter_on_a_slow_backend_is_not_starved_by_a_looping_holder() -> None:
+    """Calls of 150 ms make a waiter's poll outlast the default windows: it is served anyway.
+
+    With fixed windows the looping store kept the session for all its 6 turns.
+    """
+    kv = SlowKV(MemoryKV(), 0.15)
+    order: list[str] = []
+    async with SessionStore(kv) as looping, SessionStore(kv) as waiting:
+        started = asyncio.Event()
+
+        async def loop() -> None:
+            for i in range(6):
+                async with looping.turn("s", timeout_seconds=60) as session:
+                    session.replace([*session.messages, *pair(f"a{i}")])
+                    order.append("a")
+                    started.set()
+
+        async def wait() -> None:
+            await started.wait()
+            async with waiting.turn("s", timeout_seconds=60) as session:
+                session.replace([*session.messages, *pair("b")])
+                order.append("b")
+
+        await asyncio.gather(loop(), wait())
+    # The looping store releases and asks again at once; the waiter gets the next turn or
+    # the one after (it may arrive just after a release), never only once the loop ends.
+    assert order.index("b") <= 2, order

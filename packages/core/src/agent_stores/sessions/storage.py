@@ -38,6 +38,7 @@ import asyncio
 import logging
 import math
 import secrets
+import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -229,8 +230,8 @@ class KVSessionStorage:
         self.cache = ChunkCache(cache_bytes)
         self.handover_courtesy_seconds = handover_courtesy_seconds
         self.waiter_hint_seconds = waiter_hint_seconds
-        #: how long a waiter's queue ticket lives unless kept alive
-        self.ticket_seconds = max(1.0, 4 * waiter_hint_seconds)
+        # Smoothed seconds of one backend call, as this process sees them (None: none yet).
+        self._round_trip: float | None = None
         self._cleanup_tasks: set[asyncio.Task[None]] = set()
 
     # -- identity -------------------------------------------------------------------------
@@ -271,6 +272,38 @@ class KVSessionStorage:
         """The session id of a scope, or None when the scope is not a session's."""
         return scope[len(self.scope_prefix) :] if scope.startswith(self.scope_prefix) else None
 
+    # -- hand-over timing -------------------------------------------------------------------
+    #
+    # A waiting client's poll is a sleep of up to ``poll_max_seconds`` plus a few backend
+    # calls. The configured windows are sized for sub-millisecond backends; on a slow or
+    # loaded one (an emulator, a busy DynamoDB table) a waiter's poll can outlast them,
+    # its hint lapses and the releasing store takes the session straight back. So each
+    # window grows by a few round trips as measured here.
+
+    def _observe_round_trip(self, seconds: float) -> None:
+        previous = self._round_trip
+        self._round_trip = seconds if previous is None else previous + (seconds - previous) * 0.2
+
+    @property
+    def round_trip_seconds(self) -> float:
+        """Smoothed duration of one backend call seen by this store (capped at 1 s)."""
+        return min(self._round_trip or 0.0, 1.0)
+
+    @property
+    def courtesy_seconds(self) -> float:
+        """How long a released session is left to a waiting client: the option plus 6 round trips."""
+        return self.handover_courtesy_seconds + 6 * self.round_trip_seconds
+
+    @property
+    def hint_seconds(self) -> float:
+        """Lifetime of a waiter's hint: the option plus 12 round trips (it outlives a poll)."""
+        return self.waiter_hint_seconds + 12 * self.round_trip_seconds
+
+    @property
+    def ticket_seconds(self) -> float:
+        """How long a waiter's queue ticket lives unless kept alive."""
+        return max(1.0, 4 * self.hint_seconds)
+
     # -- backend calls ----------------------------------------------------------------------
 
     async def _call(self, session_id: str, awaitable: Awaitable[T]) -> T:
@@ -279,6 +312,7 @@ class KVSessionStorage:
         ConflictError and ResourceClosedError pass through: callers handle the first, the
         second has its own code.
         """
+        started = time.perf_counter()
         try:
             return await awaitable
         except (ConflictError, ResourceClosedError):
@@ -302,6 +336,8 @@ class KVSessionStorage:
                 f"session {session_id!r}: backend error {type(exc).__name__}: {exc}",
                 session_id=session_id,
             ) from exc
+        finally:
+            self._observe_round_trip(time.perf_counter() - started)
 
     def _invalid(self, session_id: str, why: str) -> InvalidSessionError:
         return InvalidSessionError(
@@ -744,7 +780,7 @@ class KVSessionStorage:
             now=now,
             lease_end=lease_end,
             store_id=self.store_id,
-            courtesy_seconds=self.handover_courtesy_seconds,
+            courtesy_seconds=self.courtesy_seconds,
             ttl_seconds=self.ttl_seconds,
             refresh_horizon=None if self.ttl_seconds is None else now + self.ttl_seconds,
             load_history=load_history,
@@ -921,7 +957,7 @@ class KVSessionStorage:
             return None
         if waiter.value == self.store_id.encode():
             return None
-        remaining = header.released_at + self.handover_courtesy_seconds - now
+        remaining = header.released_at + self.courtesy_seconds - now
         return remaining if remaining > 0 else None
 
     async def _touch(
@@ -1098,7 +1134,7 @@ class KVSessionStorage:
         ours = self.store_id.encode()
         try:
             await self._call(
-                session_id, self.kv.create(scope, WAITER_KEY, ours, ttl=self.waiter_hint_seconds)
+                session_id, self.kv.create(scope, WAITER_KEY, ours, ttl=self.hint_seconds)
             )
             return True
         except ConflictError:
@@ -1116,7 +1152,7 @@ class KVSessionStorage:
                     WAITER_KEY,
                     ours,
                     expected_version=entry.version,
-                    ttl=self.waiter_hint_seconds,
+                    ttl=self.hint_seconds,
                 ),
             )
         except ConflictError:
@@ -1136,11 +1172,11 @@ class KVSessionStorage:
         scope = self.scope_for(session_id)
         now = self.clock()
         key = f"{QUEUE_PREFIX}{max(0, int(now * 1_000_000)):016x}-{secrets.token_hex(4)}"
+        ttl = self.ticket_seconds
         version = await self._call(
-            session_id,
-            self.kv.create(scope, key, self.store_id.encode(), ttl=self.ticket_seconds),
+            session_id, self.kv.create(scope, key, self.store_id.encode(), ttl=ttl)
         )
-        return Ticket(key, version, now + self.ticket_seconds)
+        return Ticket(key, version, now + ttl)
 
     async def queue_front(self, session_id: str, count: int = 2) -> list[str]:
         """The keys of the first ``count`` live tickets of the session's queue, in order."""
@@ -1169,7 +1205,8 @@ class KVSessionStorage:
         value = self.store_id.encode()
         for _ in range(3):
             now = self.clock()
-            if ticket.expires_at - now > self.ticket_seconds / 2:
+            ttl = self.ticket_seconds
+            if ticket.expires_at - now > ttl / 2:
                 return ticket
             try:
                 version = await self._call(
@@ -1179,17 +1216,17 @@ class KVSessionStorage:
                         ticket.key,
                         value,
                         expected_version=ticket.version,
-                        ttl=self.ticket_seconds,
+                        ttl=ttl,
                     ),
                 )
-                return Ticket(ticket.key, version, now + self.ticket_seconds)
+                return Ticket(ticket.key, version, now + ttl)
             except ConflictError:
                 pass
             try:
                 version = await self._call(
-                    session_id, self.kv.create(scope, ticket.key, value, ttl=self.ticket_seconds)
+                    session_id, self.kv.create(scope, ticket.key, value, ttl=ttl)
                 )
-                return Ticket(ticket.key, version, now + self.ticket_seconds)
+                return Ticket(ticket.key, version, now + ttl)
             except ConflictError:
                 pass
             # Live at another version: our own earlier renewal whose reply was lost.

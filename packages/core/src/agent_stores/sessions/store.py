@@ -353,7 +353,9 @@ class SessionStore(KVBackedStore):
         Jittered exponential backoff of a turn waiting for a busy session.
     ``handover_courtesy_seconds``
         After releasing a session, this store lets another client's waiting turn take it
-        for this long before taking it again (default: twice ``poll_max_seconds``).
+        for this long before taking it again (default: twice ``poll_max_seconds``), plus
+        six backend round trips as this store measures them, so a waiter on a slow or
+        loaded backend still gets its turn.
     ``close_timeout_seconds``
         How long :meth:`aclose` waits for active turns before interrupting them.
     ``scope_prefix``
@@ -440,7 +442,6 @@ class SessionStore(KVBackedStore):
         # clients queued for it (fair hand-over). Uncontended sessions never pay for it.
         self._contended: set[str] = set()
         self._released: dict[str, float] = {}
-        self._requeue_seconds = courtesy
         self._closing = False
         self._closed = False
 
@@ -656,7 +657,9 @@ class SessionStore(KVBackedStore):
         now = asyncio.get_running_loop().time()
         if len(self._released) >= 1024:  # only the last fraction of a second matters
             self._released = {
-                sid: at for sid, at in self._released.items() if now - at < self._requeue_seconds
+                sid: at
+                for sid, at in self._released.items()
+                if now - at < self.storage.courtesy_seconds
             }
         self._released[session_id] = now
 
@@ -668,7 +671,7 @@ class SessionStore(KVBackedStore):
         """
         released = self._released.pop(session_id, None)
         loop = asyncio.get_running_loop()
-        if released is None or loop.time() - released >= self._requeue_seconds:
+        if released is None or loop.time() - released >= self.storage.courtesy_seconds:
             return None
         try:
             if not await self.storage.queue_front(session_id, 1):
