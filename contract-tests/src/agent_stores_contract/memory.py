@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -242,6 +243,18 @@ async def _outcome(call: Any) -> _Outcome:
         return _Outcome("TypeError", type(exc).__name__)
     except MemoryConflictError as exc:
         return _Outcome("conflict", type(exc).__name__)
+
+
+#: Each writer of the append race starts every append at a random moment of this window,
+#: so the writers overlap whatever the backend's speed: on a fast one, the in-process
+#: tasks finished before the processes had woken up, or one process after another.
+RACE_WINDOW_SECONDS = 0.2
+
+
+async def append_within_race_window(store: KVMemoryStore, path: str, line: str) -> None:
+    """``append_memory`` after a random pause within :data:`RACE_WINDOW_SECONDS`."""
+    await asyncio.sleep(random.random() * RACE_WINDOW_SECONDS)
+    await append_memory(store, path, line)
 
 
 def _lines(content: str) -> list[str]:
@@ -1133,7 +1146,10 @@ class MemoryContract(ContractBase):
                 proc.stdin.write(b"go\n")
                 await proc.stdin.drain()
             tasks = asyncio.gather(
-                *(append_memory(stores[i % 5], "u/main/log.md", f"task-{i}") for i in range(50))
+                *(
+                    append_within_race_window(stores[i % 5], "u/main/log.md", f"task-{i}")
+                    for i in range(50)
+                )
             )
             outputs = await asyncio.gather(*(p.communicate() for p in procs))
             await tasks

@@ -2,7 +2,8 @@
 
 ``python -m agent_stores_contract.memory_workers append URL PREFIX PATH TAG N`` opens a
 memory store, prints ``ready``, waits for one line on stdin (so every process starts at
-the same moment), then runs N concurrent ``append_memory`` calls appending ``TAG-i``.
+the same moment), then runs N concurrent appends of ``TAG-i``, each at a random
+moment of the race window.
 
 ``python -m agent_stores_contract.memory_workers crash-write URL PREFIX PATH SIZE K OP RECORD_BYTES``
 writes ``crash_content(SIZE)`` to PATH with operation ``op-OP`` and is SIGKILLed by its
@@ -12,15 +13,14 @@ own KV client right before the (K+1)-th KV write.
 from __future__ import annotations
 
 import asyncio
-import random
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from agent_stores import open_kv
-from agent_stores.memory import KVMemoryStore, append_memory
+from agent_stores.memory import KVMemoryStore
 
-from .memory import FaultKV, crash_content, op
+from .memory import FaultKV, append_within_race_window, crash_content, op
 
 
 async def append_lines(url: str, prefix: str, path: str, tag: str, count: str) -> None:
@@ -33,13 +33,9 @@ async def append_lines(url: str, prefix: str, path: str, tag: str, count: str) -
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
 
-        async def one(i: int) -> None:
-            # Spread over a few milliseconds: a fast backend would otherwise finish all of
-            # this process's appends before the next writer starts, and nothing would race.
-            await asyncio.sleep(random.random() * 0.02)
-            await append_memory(store, path, f"{tag}-{i}")
-
-        await asyncio.gather(*(one(i) for i in range(int(count))))
+        await asyncio.gather(
+            *(append_within_race_window(store, path, f"{tag}-{i}") for i in range(int(count)))
+        )
     finally:
         await kv.aclose()
 
