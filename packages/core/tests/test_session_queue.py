@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from agent_stores.backends.memory import MemoryKV
-from agent_stores.kv.base import Entry, Operation
+from agent_stores.kv.base import Entry, Operation, ScanItem
 from agent_stores.kv.counting import CountingKV
 from agent_stores.sessions import SessionStore
 from agent_stores.sessions.records import QUEUE_PREFIX
@@ -102,9 +101,11 @@ class SlowKV(CountingKV):
         await asyncio.sleep(self.delay)
         return await super()._delete(scope, key, expected_version, now)
 
-    async def _scan(self, *args: Any, **kwargs: Any) -> Any:
+    async def _scan(
+        self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
+    ) -> list[ScanItem]:
         await asyncio.sleep(self.delay)
-        return await super()._scan(*args, **kwargs)
+        return await super()._scan(scope, prefix, start_after, limit, values, now)
 
     async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
         await asyncio.sleep(self.delay)

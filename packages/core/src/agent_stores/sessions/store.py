@@ -656,11 +656,8 @@ class SessionStore(KVBackedStore):
         self._contended.discard(session_id)
         now = asyncio.get_running_loop().time()
         if len(self._released) >= 1024:  # only the last fraction of a second matters
-            self._released = {
-                sid: at
-                for sid, at in self._released.items()
-                if now - at < self.storage.courtesy_seconds
-            }
+            courtesy = self.storage.courtesy_seconds
+            self._released = {sid: at for sid, at in self._released.items() if now - at < courtesy}
         self._released[session_id] = now
 
     async def _queue_behind_waiters(self, session_id: str) -> Ticket | None:
