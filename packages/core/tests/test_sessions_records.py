@@ -20,6 +20,7 @@ from agent_stores.sessions.records import (
     is_extension,
     join_arrays,
     split_parts,
+    without_last,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -110,6 +111,23 @@ def test_arbitrary_text_after_a_valid_header_is_rejected_or_decoded(tail: str) -
         decode_state(value)
     except RecordError:
         pass
+
+
+@given(st.lists(st.text(max_size=30), min_size=1, max_size=6))
+def test_without_last_is_the_encoding_of_all_but_the_last(texts: list[str]) -> None:
+    messages: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart(t)]) if i % 2 else ModelResponse(parts=[TextPart(t)])
+        for i, t in enumerate(texts)
+    ]
+    array, last = encode_messages(messages), encode_messages(messages[-1:])
+    if len(messages) == 1:
+        assert without_last(array, last) is None
+    else:
+        assert without_last(array, last) == encode_messages(messages[:-1])
+    assert without_last(array, encode_messages([ModelResponse(parts=[TextPart("other")])])) in (
+        None,
+        encode_messages(messages[:-1]),
+    )
 
 
 def test_messages_helpers() -> None:

@@ -275,6 +275,16 @@ def join_arrays(arrays: Iterable[bytes]) -> bytes:
     return b"[" + b",".join(inner) + b"]" if inner else EMPTY_ARRAY
 
 
+def without_last(array: bytes, last: bytes) -> bytes | None:
+    """The JSON array ``array`` without its last element, whose own one-element array is
+    ``last`` (both as :func:`encode_messages` writes them), or None if ``array`` does not
+    end with that element. Saves encoding the other elements a second time."""
+    inner = last[1:-1]
+    if len(last) < 3 or not array.endswith(b"," + inner + b"]"):
+        return None
+    return array[: len(array) - len(inner) - 2] + b"]"
+
+
 def split_parts(data: bytes, part_size: int) -> list[bytes]:
     """Cut ``data`` into pieces of at most ``part_size`` bytes (at least one piece)."""
     return [data[i : i + part_size] for i in range(0, len(data), part_size)] or [b""]

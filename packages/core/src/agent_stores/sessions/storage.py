@@ -89,6 +89,7 @@ from .records import (
     is_extension,
     join_arrays,
     split_parts,
+    without_last,
 )
 
 log = logging.getLogger("agent_stores.sessions")
@@ -527,7 +528,10 @@ class KVSessionStorage:
             # to be updated by the next save (see above).
             last = encode_messages(tail_messages[-1:])
             if len(tail_messages) > 1 and len(last) <= self.tail_bytes // 2:
-                planned.extend(self._spill(encode_messages(tail_messages[:-1]), tail_messages[:-1]))
+                rest = without_last(tail, last)
+                if rest is None:  # pragma: no cover - dump_json of a list joins its items
+                    rest = encode_messages(tail_messages[:-1])
+                planned.extend(self._spill(rest, tail_messages[:-1]))
                 tail, tail_messages = last, tail_messages[-1:]
             else:
                 planned.extend(self._spill(tail, tail_messages))
