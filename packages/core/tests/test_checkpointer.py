@@ -37,6 +37,8 @@ from agent_stores.checkpointer import space as space_module
 from agent_stores.checkpointer.codec import canonical
 from agent_stores_contract.base import KVFactory
 from agent_stores_contract.checkpointer import CheckpointerContract
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 class TestCheckpointerContractSmallItems(CheckpointerContract):
@@ -310,3 +312,29 @@ async def test_ttl_remaining_follows_the_run(tmp_path: Path) -> None:
         assert info is not None and info.expires_at is not None
         entry = await kv.get(cp.space.scope("r"), "j/a/completed")
         assert entry is not None and entry.expires_at == pytest.approx(info.expires_at, abs=0.01)
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(_json_values)
+def test_canonical_bytes_are_sorted_compact_utf8_json(value: object) -> None:
+    expected = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+    assert canonical(value) == expected
+
+
+@given(st.integers(min_value=0, max_value=2**63))
+def test_position_counter_value_is_canonical(position: int) -> None:
+    from agent_stores.checkpointer.space import _head_value
+
+    assert _head_value(position) == canonical({"next": position})

@@ -17,15 +17,20 @@ JSONValue = Any
 """A value made of dict / list / str / int / float / bool / None."""
 
 
+# One encoder for every call: ``json.dumps`` with options builds a new one each time,
+# which costs more than encoding a small record.
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical(value: JSONValue) -> bytes:
     """The canonical JSON bytes of ``value``.
 
     Raises ``TypeError`` for values JSON cannot hold and ``ValueError`` for NaN/Infinity,
     so a payload that would not round-trip is refused before anything is written.
     """
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _ENCODER.encode(value).encode("utf-8")
 
 
 def digest(data: bytes) -> str:

@@ -55,6 +55,11 @@ _ANCHOR_RECHECK = 5.0
 _CACHE_RUNS = 1024
 
 
+def _head_value(position: int) -> bytes:
+    """``canonical({"next": position})``, without the encoder (written on every append)."""
+    return b'{"next":%d}' % position
+
+
 class LRU(Generic[K, V]):
     """A small bounded mapping: the least recently used key goes first."""
 
@@ -258,7 +263,7 @@ class RunSpace:
                             ttl = await self.write_ttl(run_id)
                         try:
                             version = await self.kv.create(
-                                scope, head_key, canonical({"next": count}), ttl=ttl
+                                scope, head_key, _head_value(count), ttl=ttl
                             )
                         except ConflictError:
                             await backoff(attempt)
@@ -271,7 +276,7 @@ class RunSpace:
                     new_version = await self.kv.replace(
                         scope,
                         head_key,
-                        canonical({"next": first + count}),
+                        _head_value(first + count),
                         expected_version=version,
                         ttl=ttl,
                     )
@@ -338,7 +343,7 @@ class RunSpace:
                         AppendRequest(
                             scope,
                             head_key,
-                            canonical({"next": first + 1}),
+                            _head_value(first + 1),
                             version,
                             key,
                             value,
@@ -379,7 +384,7 @@ class RunSpace:
                 version = await self.kv.replace(
                     self.scope(run_id),
                     f"head/{log}",
-                    canonical({"next": first}),
+                    _head_value(first),
                     expected_version=cached[1],
                     ttl=await self.write_ttl(run_id),
                 )
