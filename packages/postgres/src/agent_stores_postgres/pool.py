@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import psycopg
-from psycopg import AsyncConnection, pq
+from psycopg import AsyncConnection, AsyncCursor, pq
 from psycopg_pool import AsyncConnectionPool
 
 
@@ -99,6 +99,31 @@ class ConnectFailures:
         self._waiters.discard(waiter)
 
 
+class WriteCursorConnection(AsyncConnection[Any]):
+    """An ``AsyncConnection`` that keeps one cursor for agent-stores' native writes.
+
+    A native write is one statement with a one-row reply, read at once; building a new
+    cursor for each costs about as much client time as sending the statement. Reads keep
+    fresh cursors, so a large reply is never held after its caller is done with it.
+    """
+
+    _write_cursor: AsyncCursor[Any] | None = None
+
+    def write_cursor(self) -> AsyncCursor[Any]:
+        cursor = self._write_cursor
+        if cursor is None or cursor.closed:
+            cursor = self._write_cursor = self.cursor()
+        return cursor
+
+
+def write_cursor(conn: AsyncConnection[Any]) -> AsyncCursor[Any]:
+    """The cursor to send a native write on ``conn`` with (reused on this package's own
+    connections; a new one on a borrowed pool's)."""
+    if isinstance(conn, WriteCursorConnection):
+        return conn.write_cursor()
+    return conn.cursor()
+
+
 def reporting_connection_class(failures: ConnectFailures) -> type[AsyncConnection[Any]]:
     """An ``AsyncConnection`` whose failed ``connect`` is reported to ``failures``.
 
@@ -106,7 +131,7 @@ def reporting_connection_class(failures: ConnectFailures) -> type[AsyncConnectio
     these errors, which is why they are captured here.
     """
 
-    class ReportingConnection(AsyncConnection[Any]):
+    class ReportingConnection(WriteCursorConnection):
         @classmethod
         async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
             try:

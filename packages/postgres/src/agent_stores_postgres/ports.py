@@ -25,6 +25,7 @@ from agent_stores.memory.port import MARKER_VALUE, FileWrite
 from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
+from .pool import write_cursor
 
 # The memory write is assembled from these parts, one statement text per shape (create or
 # replace, with or without a receipt index entry, with or without directory markers), so
@@ -208,7 +209,7 @@ class PostgresMemoryPort:
 
         async def run(conn: AsyncConnection[Any]) -> tuple[bool, bool]:
             try:
-                cur = await conn.execute(statement, params, prepare=self._prepare)
+                cur = await write_cursor(conn).execute(statement, params, prepare=self._prepare)
             except psycopg.errors.DivisionByZero:
                 # The index entry was committed by a concurrent write of the same operation
                 # after this statement's snapshot: the statement rolled back as a whole.
@@ -260,7 +261,7 @@ class PostgresJournalPort:
         statement = self._append_sql[request.head_version is not None]
 
         async def run(conn: AsyncConnection[Any]) -> tuple[Any, ...]:
-            cur = await conn.execute(statement, params, prepare=self._prepare)
+            cur = await write_cursor(conn).execute(statement, params, prepare=self._prepare)
             row = await cur.fetchone()
             assert row is not None
             return tuple(row)

@@ -42,6 +42,7 @@ from agent_stores.sessions.records import FORMAT, STATE_KEY, WAITER_KEY
 from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
+from .pool import write_cursor
 
 _ACQUIRE: LiteralString = """
 WITH cur AS (
@@ -264,7 +265,7 @@ class PostgresSessionPort:
         self.kv._check_value(request.scope, STATE_KEY, request.state)
 
         async def run(conn: AsyncConnection[Any]) -> tuple[int, int]:
-            cur = await conn.execute(self._save_sql, params)
+            cur = await write_cursor(conn).execute(self._save_sql, params)
             row = await cur.fetchone()
             assert row is not None
             return int(row[0]), int(row[1])
