@@ -44,6 +44,9 @@ QUEUE_PREFIX = "q/"
 
 EMPTY_ARRAY = b"[]"
 
+# Made once: ``json.dumps`` with options builds a new encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
 
 @dataclass(frozen=True, slots=True)
 class Lease:
@@ -136,7 +139,7 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
     }
     if header.extra:
         doc["extra"] = header.extra
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n" + tail
+    return _COMPACT.encode(doc).encode() + b"\n" + tail
 
 
 def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
