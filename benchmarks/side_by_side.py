@@ -117,6 +117,19 @@ class Row:
         return f"{self.ratio:.2f} ({self.low:.2f}-{self.high:.2f})"
 
 
+def _print_row(row: Row, label: str) -> None:
+    print(
+        f"  {row.what:<58} {row.ratio_text():>20}   {label} {row.ours} | anchor {row.anchor}",
+        flush=True,
+    )
+
+
+def rotated(names: Sequence[str], i: int) -> list[str]:
+    """``names`` starting at the ``i``-th (mod their count): who goes first rotates with ``i``."""
+    k = i % len(names)
+    return [*names[k:], *names[:k]]
+
+
 @dataclass
 class Results:
     rows: list[Row] = field(default_factory=list)
@@ -124,19 +137,13 @@ class Results:
     #: the same rows done by the client libraries alone (see "floors" in the module doc)
     floors: list[Row] = field(default_factory=list)
 
-    def floor(self, row: Row) -> None:
-        self.floors.append(row)
-        print(
-            f"  {row.what:<58} {row.ratio_text():>20}   floor {row.ours} | anchor {row.anchor}",
-            flush=True,
-        )
-
     def add(self, row: Row) -> None:
         self.rows.append(row)
-        print(
-            f"  {row.what:<58} {row.ratio_text():>20}   ours {row.ours} | anchor {row.anchor}",
-            flush=True,
-        )
+        _print_row(row, "ours")
+
+    def floor(self, row: Row) -> None:
+        self.floors.append(row)
+        _print_row(row, "floor")
 
     def fact(self, what: str, value: str) -> None:
         self.facts.append((what, value))
@@ -164,7 +171,7 @@ async def interleaved(
     samples: dict[str, list[float]] = {n: [] for n in names}
     per_trial: list[dict[str, float]] = []
     for trial in range(trials):
-        order = names[trial % len(names) :] + names[: trial % len(names)]
+        order = rotated(names, trial)
         medians: dict[str, float] = {}
         for name in order:
             gc.collect()
@@ -497,7 +504,7 @@ async def section_concurrency(res: Results, redis_url: str, sizes: list[int], tr
         rates: dict[str, list[float]] = {n: [] for n in names}
         cpu: dict[str, list[float]] = {n: [] for n in names}
         for trial in range(trials):
-            for name in names[trial % len(names) :] + names[: trial % len(names)]:
+            for name in rotated(names, trial):
                 ids = [f"c-{run}-{size}-{trial}-{name}-{k}" for k in range(64)]
                 if name == "floor":
                     rate, used = await floor_turns(redis_url, ids)
@@ -636,11 +643,6 @@ async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: s
         await close(store)
 
 
-def _alternate(i: int) -> tuple[str, str]:
-    """Both libraries, the first one flipping with ``i``."""
-    return ("ours", "anchor") if i % 2 == 0 else ("anchor", "ours")
-
-
 async def section_memory(
     res: Results, pg_url: str | None, trials: int, ops: int, workdir: Path
 ) -> None:
@@ -711,7 +713,7 @@ async def section_memory(
                 # Half as many creates as writes: enough for a stable median (each create
                 # also writes its directory markers, so its time spreads wider).
                 for k in range(max(3, ops // 2)):
-                    for name in _alternate(k):
+                    for name in rotated(("ours", "anchor"), k):
                         t0 = time.perf_counter()
                         await stores[name].write(
                             f"bench/{run}/{trial}-{name}-{k}/new.md",
@@ -728,7 +730,7 @@ async def section_memory(
                     )
                     versions[name] = m.version
                 for i in range(1, ops + 1):
-                    for name in _alternate(i):
+                    for name in rotated(("ours", "anchor"), i):
                         t0 = time.perf_counter()
                         m = await stores[name].write(
                             paths[name],
@@ -739,7 +741,7 @@ async def section_memory(
                         per["write"][name].append(time.perf_counter() - t0)
                         versions[name] = m.version
                 for i in range(ops):
-                    for name in _alternate(i):
+                    for name in rotated(("ours", "anchor"), i):
                         t0 = time.perf_counter()
                         got = await stores[name].read(paths[name], max_chars=100_000)
                         per["read"][name].append(time.perf_counter() - t0)
@@ -866,7 +868,7 @@ async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> Non
                 got: dict[str, list[float]] = {n: [] for n in names}
                 gc.collect()
                 for i in range(ops):
-                    for name in names[i % 3 :] + names[: i % 3]:
+                    for name in rotated(names, i):
                         t0 = time.perf_counter()
                         await append(name)
                         got[name].append(time.perf_counter() - t0)
@@ -896,6 +898,10 @@ async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> Non
 # -- output -------------------------------------------------------------------------------
 
 
+def _table_row(row: Row) -> str:
+    return f"| {row.what} | **{row.ratio_text()}** | {row.ours} | {row.anchor} |"
+
+
 def markdown(res: Results, started: str, seconds: float, argv: list[str]) -> str:
     lines = [
         "# Benchmarks",
@@ -915,8 +921,7 @@ def markdown(res: Results, started: str, seconds: float, argv: list[str]) -> str
         "| what | ratio (range) | agent-stores | anchor |",
         "|---|---|---|---|",
     ]
-    for row in res.rows:
-        lines.append(f"| {row.what} | **{row.ratio_text()}** | {row.ours} | {row.anchor} |")
+    lines += [_table_row(row) for row in res.rows]
     if res.floors:
         lines += [
             "",
@@ -933,8 +938,7 @@ def markdown(res: Results, started: str, seconds: float, argv: list[str]) -> str
             "| what | floor ÷ anchor (range) | floor | anchor |",
             "|---|---|---|---|",
         ]
-        for row in res.floors:
-            lines.append(f"| {row.what} | **{row.ratio_text()}** | {row.ours} | {row.anchor} |")
+        lines += [_table_row(row) for row in res.floors]
     lines += ["", "## Other figures of the same run", "", "| what | value |", "|---|---|"]
     for what, value in res.facts:
         lines.append(f"| {what} | {value} |")
