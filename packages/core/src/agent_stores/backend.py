@@ -22,8 +22,10 @@ from .errors import (
     UnsupportedError,
     ValueTooLargeError,
 )
+from .faults import BaseFaultInjector, FaultInjector, FaultKind
 from .hookspecs import RegisterBackend, hookimpl
 from .kv.base import (
+    DEFAULT_DEADLINE_SECONDS,
     MIN_VALUE_BYTES,
     Check,
     Clock,
@@ -38,6 +40,7 @@ from .kv.base import (
     ScanItem,
     new_version,
     prefix_upper_bound,
+    within_deadline,
 )
 from .url import StoreURL, check_options, redact
 
@@ -89,6 +92,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_DEADLINE_SECONDS",
+    "BaseFaultInjector",
+    "FaultInjector",
+    "FaultKind",
     "GENERIC",
     "MARKER_VALUE",
     "MIN_VALUE_BYTES",
@@ -134,4 +141,5 @@ __all__ = [
     "new_version",
     "prefix_upper_bound",
     "redact",
+    "within_deadline",
 ]

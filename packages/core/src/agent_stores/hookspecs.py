@@ -28,6 +28,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .checkpointer.port import JournalPort
+    from .faults import FaultInjector
     from .kv.base import KVStore
     from .memory.port import MemoryPort
     from .sessions.port import SessionPort
@@ -115,4 +116,26 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
     Only for a store that changes more than the port can (a subclass of
     :class:`~agent_stores.sessions.SessionStore`, checked). ``options`` are the keyword
     arguments given to ``open_sessions``. It must pass the session contract unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def fault_injector(url: StoreURL) -> FaultInjector | None:
+    """Return a :class:`~agent_stores.faults.FaultInjector` for ``url``'s backend, or None.
+
+    Used by the contract suite's fault mode (``docs/contract.md``, "Fault mode"): the
+    injector opens KV stores whose requests pass through it, and injects the service's
+    routine faults (throttling, conflicts, lost replies, …) at the SDK's transport while
+    the real server answers everything else. Return None for URLs that are not yours.
+    """
+
+
+@hookspec(firstresult=True)
+def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
+    """Return ``url`` rewritten to reach the same server through a TCP proxy at ``host:port``.
+
+    The contract puts its own proxy in front of the server to make it go silent
+    (a blackhole), break connections and drop replies, whatever the SDK. Return None for
+    URLs that are not yours, or when the backend cannot be reached through a plain TCP
+    proxy (the contract then skips those tests and says why).
     """

@@ -18,15 +18,17 @@ id, a memory directory, a run id) and maps to the backend's partition.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from .. import telemetry
 from ..errors import (
+    BackendUnavailableError,
     ConfigError,
     InvalidIdError,
     ResourceClosedError,
@@ -36,6 +38,48 @@ from ..errors import (
 from ..lifecycle import AsyncCloseable
 
 Clock = Callable[[], float]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+DEFAULT_DEADLINE_SECONDS = 20.0
+"""The default of :attr:`KVStore.deadline_seconds` (backends take it from ``?deadline=``)."""
+
+
+async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
+    """Await ``call`` (a backend request of ``kv``) for at most ``kv.deadline_seconds``.
+
+    A call still running then is cancelled and reported as
+    :class:`~agent_stores.errors.BackendUnavailableError` naming the backend and its
+    (redacted) location: its outcome is unknown, exactly like a lost reply. Native ports
+    run their requests through this too, so no store call outlives the deadline.
+    """
+    deadline = kv.deadline_seconds
+    if deadline is None:
+        return await call
+    scope = asyncio.timeout(deadline)
+    try:
+        async with scope:
+            return await call
+    except TimeoutError:
+        if not scope.expired():
+            raise
+        raise BackendUnavailableError(
+            detail=f"{kv.describe()} did not answer within {deadline:g} s "
+            "(the call's deadline: the URL option deadline=SECONDS)"
+        ) from None
+
+
+def _bounded(
+    fn: Callable[Concatenate[KVStore, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[KVStore, P], Coroutine[Any, Any, T]]:
+    """Bound a public KV method by the store's deadline (see :func:`within_deadline`)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: KVStore, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await within_deadline(self, fn(self, *args, **kwargs))
+
+    return wrapper
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +193,10 @@ class KVStore(AsyncCloseable, ABC):
     limits: KVLimits = KVLimits(max_value_bytes=1 << 20)
     capabilities: KVCapabilities = KVCapabilities()
 
+    #: The most one call may take, retries included, before it fails with
+    #: BackendUnavailableError (None: unbounded). Backends set it from ``?deadline=``.
+    deadline_seconds: float | None = DEFAULT_DEADLINE_SECONDS
+
     def __init__(self, *, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or time.time
         self._closed = False
@@ -206,6 +254,7 @@ class KVStore(AsyncCloseable, ABC):
     # -- public API -----------------------------------------------------------------------
 
     @telemetry.kv_call
+    @_bounded
     async def get(self, scope: str, key: str) -> Entry | None:
         """The live entry at ``(scope, key)``, or None when absent or expired."""
         self._check_open()
@@ -216,6 +265,7 @@ class KVStore(AsyncCloseable, ABC):
         return entry
 
     @telemetry.kv_call
+    @_bounded
     async def get_many(self, scope: str, keys: Sequence[str]) -> dict[str, Entry]:
         """Live entries of ``keys`` in one round trip where the backend can; missing keys are omitted."""
         self._check_open()
@@ -229,6 +279,7 @@ class KVStore(AsyncCloseable, ABC):
         return {k: e for k, e in found.items() if not e.expired(now)}
 
     @telemetry.kv_call
+    @_bounded
     async def create(self, scope: str, key: str, value: bytes, *, ttl: float | None = None) -> str:
         """Write ``value`` only if the key is absent or expired; returns the new version.
 
@@ -241,6 +292,7 @@ class KVStore(AsyncCloseable, ABC):
         return await self._create(scope, key, value, self._expires_at(ttl, now), now)
 
     @telemetry.kv_call
+    @_bounded
     async def replace(
         self,
         scope: str,
@@ -264,6 +316,7 @@ class KVStore(AsyncCloseable, ABC):
         )
 
     @telemetry.kv_call
+    @_bounded
     async def delete(self, scope: str, key: str, *, expected_version: str | None = None) -> bool:
         """Delete the live entry (only at ``expected_version`` when given). True if it happened."""
         self._check_open()
@@ -271,6 +324,7 @@ class KVStore(AsyncCloseable, ABC):
         return await self._delete(scope, key, expected_version, self.clock())
 
     @telemetry.kv_call
+    @_bounded
     async def scan(
         self,
         scope: str,
@@ -307,6 +361,7 @@ class KVStore(AsyncCloseable, ABC):
             start_after = page[-1].key
 
     @telemetry.kv_call
+    @_bounded
     async def scopes(
         self, *, prefix: str = "", start_after: str | None = None, limit: int = 100
     ) -> list[str]:
@@ -317,6 +372,7 @@ class KVStore(AsyncCloseable, ABC):
         return await self._scopes(prefix, start_after, limit, self.clock())
 
     @telemetry.kv_call
+    @_bounded
     async def drop_scope(self, scope: str) -> int:
         """Delete every entry of ``scope`` (erasure). Returns how many were deleted."""
         self._check_open()
@@ -324,6 +380,7 @@ class KVStore(AsyncCloseable, ABC):
         return await self._drop_scope(scope)
 
     @telemetry.kv_call
+    @_bounded
     async def commit(self, scope: str, ops: Sequence[Operation]) -> list[str | None]:
         """Apply ``ops`` all-or-nothing inside one scope, where ``capabilities.commit`` says so.
 
