@@ -93,9 +93,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DEFAULT_DEADLINE_SECONDS",
-    "BaseFaultInjector",
-    "FaultInjector",
-    "FaultKind",
     "GENERIC",
     "MARKER_VALUE",
     "MIN_VALUE_BYTES",
@@ -104,6 +101,7 @@ __all__ = [
     "AppendOutcome",
     "AppendRequest",
     "BackendUnavailableError",
+    "BaseFaultInjector",
     "Check",
     "ChunkWrite",
     "Clock",
@@ -113,6 +111,8 @@ __all__ = [
     "Create",
     "Delete",
     "Entry",
+    "FaultInjector",
+    "FaultKind",
     "FileWrite",
     "IndexWrite",
     "InvalidIdError",

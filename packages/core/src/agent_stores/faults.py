@@ -143,7 +143,9 @@ class BaseFaultInjector:
         with self._lock:
             return dict(self._counts)
 
-    def next_fault(self, operation: str | None = None, *, eligible: Iterable[str] | None = None) -> str | None:
+    def next_fault(
+        self, operation: str | None = None, *, eligible: Iterable[str] | None = None
+    ) -> str | None:
         """The fault to inject into this request, or None; counted as injected.
 
         ``eligible`` limits the choice to the faults this request can carry (a stale read
@@ -153,7 +155,9 @@ class BaseFaultInjector:
         allowed = None if eligible is None else set(eligible)
         with self._lock:
             for i, (fault, wanted) in enumerate(self._armed):
-                if (wanted is None or wanted == operation) and (allowed is None or fault in allowed):
+                if (wanted is None or wanted == operation) and (
+                    allowed is None or fault in allowed
+                ):
                     del self._armed[i]
                     self._counts[fault] += 1
                     return fault
