@@ -76,7 +76,7 @@ def _bounded(
     """Bound a public KV method by the store's deadline (see :func:`within_deadline`)."""
 
     @functools.wraps(fn)
-    async def wrapper(self: KVStore, *args: P.args, **kwargs: P.kwargs) -> T:
+    async def wrapper(self: KVStore, /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await within_deadline(self, fn(self, *args, **kwargs))
 
     return wrapper
