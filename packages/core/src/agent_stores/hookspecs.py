@@ -139,3 +139,12 @@ def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
     URLs that are not yours, or when the backend cannot be reached through a plain TCP
     proxy (the contract then skips those tests and says why).
     """
+
+
+@hookspec(firstresult=True)
+def server_address(url: StoreURL) -> tuple[str, int] | None:
+    """Return the ``(host, port)`` the backend's client connects to for ``url``, or None.
+
+    Needed only when it is not ``url.host:url.port`` (an endpoint given as an option).
+    The contract's proxy forwards there; see :func:`proxied_url`.
+    """

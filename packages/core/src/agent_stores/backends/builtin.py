@@ -9,9 +9,11 @@ from ..hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
     from ..checkpointer.port import JournalPort
+    from ..faults import FaultInjector
     from ..kv.base import KVStore
     from ..memory.port import MemoryPort
     from ..sessions.port import SessionPort
+    from ..url import StoreURL
     from .sqlite import SQLiteKV
 
 
@@ -73,3 +75,13 @@ def journal_port(kv: KVStore) -> JournalPort | None:
     from .sqlite_ports import SQLiteJournalPort
 
     return SQLiteJournalPort(sqlite_kv)
+
+
+@hookimpl
+def fault_injector(url: StoreURL) -> FaultInjector | None:
+    """The embedded backends' injector: their transport is the KV API itself."""
+    if url.scheme not in ("memory", "sqlite"):
+        return None
+    from ..kv.faulty import KVFaultInjector
+
+    return KVFaultInjector()

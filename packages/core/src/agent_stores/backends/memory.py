@@ -82,11 +82,13 @@ class MemoryKV(KVStore):
     def from_url(cls, url: StoreURL, **options: object) -> MemoryKV:
         """``memory://`` (shared default space) or ``memory://NAME``; ``?max_value_bytes=N``."""
         name = (url.host or "") + url.path.strip("/")
-        url.check_query("max_value_bytes")
+        url.check_query("max_value_bytes", "deadline")
         check_options("memory://", options, "clock")
         max_value = url.int_option("max_value_bytes", DEFAULT_MAX_VALUE_BYTES)
         clock = options.get("clock")
-        return cls(name, max_value_bytes=max_value, clock=clock if callable(clock) else None)
+        kv = cls(name, max_value_bytes=max_value, clock=clock if callable(clock) else None)
+        kv.deadline_seconds = url.float_option("deadline", kv.deadline_seconds, minimum=0.001)
+        return kv
 
     def describe(self) -> str:
         return f"memory://{self.name}" if self.name is not None else "memory (private)"

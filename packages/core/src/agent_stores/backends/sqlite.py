@@ -118,7 +118,7 @@ class SQLiteKV(KVStore):
         path = url.path[1:] if url.path.startswith("/") else url.path
         if not path:
             raise ConfigError(detail=f"{url}: missing file path, e.g. sqlite:///agent.db")
-        url.check_query("max_value_bytes", "busy_timeout_ms")
+        url.check_query("max_value_bytes", "busy_timeout_ms", "deadline")
         check_options("sqlite://", options, "clock", "max_value_bytes", "busy_timeout_ms")
         kwargs: dict[str, Any] = {
             name: options[name]
@@ -130,7 +130,9 @@ class SQLiteKV(KVStore):
         if url.query_get("busy_timeout_ms") is not None:
             kwargs["busy_timeout_ms"] = url.int_option("busy_timeout_ms", 0)
         clock = options.get("clock")
-        return cls(path, clock=clock if callable(clock) else None, **kwargs)
+        kv = cls(path, clock=clock if callable(clock) else None, **kwargs)
+        kv.deadline_seconds = url.float_option("deadline", kv.deadline_seconds, minimum=0.001)
+        return kv
 
     def describe(self) -> str:
         return f"sqlite:///{self.path}"

@@ -235,7 +235,7 @@ class KVStore(AsyncCloseable, ABC):
         missing schema then fails with a typed error naming ``agent-stores setup URL``.
         """
         if self.auto_setup:
-            await self.setup()
+            await within_deadline(self, self.setup())
 
     async def purge_expired(self) -> int:
         """Physically delete expired entries where the backend cannot do it natively.

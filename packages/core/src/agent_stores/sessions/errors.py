@@ -80,7 +80,13 @@ class SessionStoreError(SessionError):
 
 
 class TransientStoreError(SessionStoreError):
-    """The backend could not be reached or timed out; the same operation may succeed if retried.
+    """The backend could not be reached or timed out (``SESSION_STORE_UNAVAILABLE``); the
+    same operation may succeed if retried.
+
+    Its own code tells it from a configuration or programming failure
+    (``SESSION_STORE_FAILURE``) without parsing messages.
 
     The lease renewer retries these while the lease is still valid.
     """
+
+    default_code = ErrorCode.SESSION_STORE_UNAVAILABLE

@@ -44,6 +44,11 @@ QUEUE_PREFIX = "q/"
 
 EMPTY_ARRAY = b"[]"
 
+#: Key in the header's ``extra`` of the random mark every state write carries, so the
+#: writer can recognise its own write after an ambiguous outcome (a lost reply). Native
+#: acquires copy ``extra`` byte for byte, so the mark survives the next client's acquire.
+WRITE_MARK = "w"
+
 # Made once: ``json.dumps`` with options builds a new encoder on every call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 

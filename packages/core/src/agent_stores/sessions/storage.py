@@ -52,7 +52,7 @@ from ..errors import (
     CorruptRecordError,
     ResourceClosedError,
 )
-from ..kv.base import Entry, KVStore
+from ..kv.base import Entry, KVStore, within_deadline
 from .cache import CachedChunk, ChunkCache
 from .errors import (
     EffectCall,
@@ -77,6 +77,7 @@ from .records import (
     QUEUE_PREFIX,
     STATE_KEY,
     WAITER_KEY,
+    WRITE_MARK,
     ChunkRef,
     Lease,
     RecordError,
@@ -121,6 +122,8 @@ class LeaseHandle:
     lost: bool = False
     #: the bytes of a state write whose outcome is unknown (transient error), if any
     uncertain: bytes | None = None
+    #: whether that write released the lease
+    uncertain_release: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +318,8 @@ class KVSessionStorage:
         """
         started = time.perf_counter()
         try:
-            return await awaitable
+            # Native ports bypass the KV API, so their requests get the deadline here.
+            return await within_deadline(self.kv, awaitable)
         except (ConflictError, ResourceClosedError):
             raise
         except CorruptRecordError as exc:
@@ -646,6 +650,28 @@ class KVSessionStorage:
             asyncio.gather(*(self.kv.delete(scope, k) for r in refs for k in r.part_keys()))
         )
 
+    def _discard_unreferenced(self, session_id: str, scope: str, refs: Sequence[ChunkRef]) -> None:
+        """After a lost CAS that wrote ``refs``: delete those the stored state does not reference.
+
+        The CAS may have landed after all (a re-sent request meeting its own success), and
+        then the stored state, or one derived from it, references them.
+        """
+        if not refs:
+            return
+
+        async def run() -> None:
+            entry = await self.kv.get(scope, STATE_KEY)
+            kept: set[str] = set()
+            if entry is not None:
+                try:
+                    header, _ = decode_state(entry.value)
+                except RecordError:
+                    return  # damaged: touch nothing
+                kept = {c.key for c in header.chunks}
+            self._discard_later(session_id, scope, [r for r in refs if r.key not in kept])
+
+        self._spawn(run())
+
     def _spawn(self, work: Awaitable[Any]) -> None:
         """Run best-effort cleanup in the background (waited for by :meth:`drain`)."""
 
@@ -679,19 +705,39 @@ class KVSessionStorage:
         header: StateHeader,
         tail: bytes,
         writes: Sequence[ChunkWrite] = (),
+        *,
+        release: bool = False,
     ) -> None:
         """Write ``state`` (and the new chunks ``writes``) fenced by the handle's version
-        through the port; on success the handle follows."""
+        through the port; on success the handle follows.
+
+        Every write carries a fresh write mark, so an ambiguous outcome (a conflict that
+        may echo our own re-sent write, a lost reply) is settled by reading the state back
+        and recognising our own write (:meth:`_settle_conflict`), never guessed. A release
+        whose write landed succeeds even if another client took the session since.
+        """
         if handle.lost:
+            self._forget_chunks(handle.scope, writes)
             raise self._lost(handle)
         if handle.uncertain is not None:
-            await self._resolve_uncertain(handle)
+            try:
+                moved_on = await self._resolve_uncertain(handle)
+            except BaseException:
+                self._forget_chunks(handle.scope, writes)
+                raise
+            if moved_on:
+                self._forget_chunks(handle.scope, writes)
+                handle.lost = True
+                if release and handle.uncertain_release:
+                    return  # the earlier release landed: the turn was saved and released
+                raise self._lost(handle)
         refreshed = await self._refresh_chunks(
             handle.session_id, handle.scope, header.chunks, self.clock()
         )
         if refreshed.written:
             header = replace(header, chunks=tuple(refreshed.chunks))
             writes = [*writes, *refreshed.writes]
+        header = replace(header, extra={**header.extra, WRITE_MARK: secrets.token_hex(8)})
         value = encode_state(header, tail)
         try:
             version = await self._call(
@@ -699,28 +745,100 @@ class KVSessionStorage:
                 self.port.save(self._save_request(handle.scope, value, handle.version, writes)),
             )
         except ConflictError:
-            handle.lost = True
-            self._discard_later(handle.session_id, handle.scope, refreshed.written)
-            raise self._lost(handle) from None
+            landed = await self._settle_conflict(handle, value, header, tail, writes)
+            if landed is None:
+                pass  # adopted: the stored state is exactly our write
+            elif landed and release:
+                handle.lost = True  # saved and released; the session has moved on since
+            else:
+                handle.lost = True
+                raise self._lost(handle) from None
         except TransientStoreError:
             handle.uncertain = value
+            handle.uncertain_release = release
             raise
-        handle.version = version
-        handle.header = header
-        handle.tail = tail
+        else:
+            handle.version = version
+            handle.header = header
+            handle.tail = tail
         self._discard_later(handle.session_id, handle.scope, refreshed.obsolete)
 
-    async def _resolve_uncertain(self, handle: LeaseHandle) -> None:
-        """After a write whose outcome is unknown: adopt it if it landed, else go on from the old version."""
+    async def _settle_conflict(
+        self,
+        handle: LeaseHandle,
+        value: bytes,
+        header: StateHeader,
+        tail: bytes,
+        writes: Sequence[ChunkWrite],
+    ) -> bool | None:
+        """After a conflict on our fenced write: did it land anyway?
+
+        A lost reply re-sent by the SDK (or by us) meets its own earlier success as a
+        conflict. Reads the state back: None when it is exactly our write (adopted: the
+        handle follows it); True when our write landed and another client has moved on
+        from it (its write mark, or our new chunks, are in the stored state); False when
+        it never landed. The chunks we wrote are deleted only when the stored state does
+        not reference them: a state derived from ours still does.
+        """
+        entry = await self._call(handle.session_id, self.kv.get(handle.scope, STATE_KEY))
+        if entry is not None and entry.value == value:
+            handle.version = entry.version
+            handle.header = header
+            handle.tail = tail
+            return None
+        stored: StateHeader | None = None
+        if entry is not None:
+            try:
+                stored, _ = decode_state(entry.value)
+            except RecordError:
+                stored = None
+        referenced = {c.key for c in stored.chunks} if stored is not None else set()
+        written = {w.key for w in writes}
+        landed = stored is not None and (
+            stored.extra.get(WRITE_MARK) == header.extra.get(WRITE_MARK)
+            or bool(written & referenced)
+        )
+        unreferenced = [c for c in header.chunks if c.key in written and c.key not in referenced]
+        if stored is not None or entry is None:
+            self._discard_later(handle.session_id, handle.scope, unreferenced)
+        return landed
+
+    def _forget_chunks(self, scope: str, writes: Sequence[ChunkWrite]) -> None:
+        """Drop the cache entries of chunks planned but never sent."""
+        for write in writes:
+            self.cache.discard(scope, write.key)
+
+    async def _resolve_uncertain(self, handle: LeaseHandle) -> bool:
+        """After a write whose outcome is unknown: adopt it if it is the stored state, else
+        go on from the old version.
+
+        True when it landed and another client has moved on from it since (its write mark
+        is in the stored state): the caller decides what that means for its own write.
+        """
         entry = await self._call(handle.session_id, self.kv.get(handle.scope, STATE_KEY))
         attempted, handle.uncertain = handle.uncertain, None
         if entry is not None and entry.value == attempted:
             handle.version = entry.version
             handle.header, handle.tail = self._decode(handle.session_id, entry.value)
-            return
-        if entry is None or entry.version != handle.version:
-            handle.lost = True
-            raise self._lost(handle)
+            return False
+        if entry is not None and entry.version == handle.version:
+            return False  # it never landed; the lease is still ours
+        if entry is not None and attempted is not None:
+            try:
+                stored, _ = decode_state(entry.value)
+                mine, _ = decode_state(attempted)
+            except RecordError:
+                pass
+            else:
+                mark = mine.extra.get(WRITE_MARK)
+                if mark is not None and stored.extra.get(WRITE_MARK) == mark:
+                    return True
+                # Or a client built on it: the chunks only our write referenced are in use.
+                ours = {c.key for c in mine.chunks} - {c.key for c in handle.header.chunks}
+                if ours & {c.key for c in stored.chunks}:
+                    return True
+        handle.lost = True
+        raise self._lost(handle)
 
     def _lost(self, handle: LeaseHandle) -> LeaseLostError:
         return LeaseLostError(
@@ -922,7 +1040,7 @@ class KVSessionStorage:
         else:
             (cas_result,) = await asyncio.gather(cas, return_exceptions=True)
         if isinstance(cas_result, ConflictError):
-            self._discard_later(session_id, scope, refreshed.written)
+            self._discard_unreferenced(session_id, scope, refreshed.written)
             return Busy(retry_after=0.0)
         if isinstance(cas_result, BaseException):
             raise cas_result
@@ -979,7 +1097,7 @@ class KVSessionStorage:
                 ),
             )
         except ConflictError:
-            self._discard_later(session_id, scope, refreshed.written)
+            self._discard_unreferenced(session_id, scope, refreshed.written)
             return
         self._discard_later(session_id, scope, refreshed.obsolete)
 
@@ -1057,11 +1175,7 @@ class KVSessionStorage:
             released_by=self.store_id if release else None,
             released_at=now if release else None,
         )
-        try:
-            await self._cas_state(handle, new_header, plan.tail, plan.writes)
-        except LeaseLostError:
-            self._discard_later(handle.session_id, handle.scope, plan.written)
-            raise
+        await self._cas_state(handle, new_header, plan.tail, plan.writes, release=release)
         self._discard_later(handle.session_id, handle.scope, plan.obsolete)
         if messages is not None:
             handle.messages = self._as_stored(handle.scope, plan.chunks, messages)
@@ -1275,7 +1389,37 @@ class KVSessionStorage:
         """A summary of the session, or None when it does not exist. Takes no lease."""
         scope = self.scope_for(session_id)
         entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
-        return None if entry is None else self._info(session_id, entry)
+        if entry is None:
+            return None
+        info = self._info(session_id, entry)
+        if info.problem is None and info.chunk_count:
+            missing = await self._missing_chunk(session_id, scope, entry)
+            if missing is not None:
+                info = replace(info, problem=f"history chunk {missing} is missing")
+        return info
+
+    async def _missing_chunk(self, session_id: str, scope: str, entry: Entry) -> str | None:
+        """The first chunk the state references whose parts are not all stored (keys only).
+
+        Re-checked against a fresh read of the state: a turn may have merged the chunk
+        away meanwhile.
+        """
+        header, _ = self._decode(session_id, entry.value)
+
+        async def stored_keys() -> set[str]:
+            return {
+                item.key
+                async for item in self.kv.iter_scan(
+                    scope, prefix=CHUNK_PREFIX, page_size=500, values=False
+                )
+            }
+
+        keys = await self._call(session_id, stored_keys())
+        for ref in header.chunks:
+            if any(k not in keys for k in ref.part_keys()):
+                again = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+                return ref.key if again is not None and again.version == entry.version else None
+        return None
 
     async def read_messages(self, session_id: str) -> list[ModelMessage] | None:
         """The saved history without taking the lease (a snapshot; None when absent)."""

@@ -208,23 +208,46 @@ class Turn:
             return self._stop.is_set()
         return True
 
+    def _must_stop_at(self, handle: LeaseHandle) -> float:
+        """Event-loop time by which the owner must know its lease is gone.
+
+        A little before the lease expires, so the owner is interrupted before anyone else
+        may take the session over, whatever a hanging request is doing.
+        """
+        margin = min(self.store.lease_seconds * 0.1, 1.0)
+        left = handle.lease_expires_at - margin - self.storage.clock()
+        return asyncio.get_running_loop().time() + left
+
+    def _expired(self, handle: LeaseHandle, cause: BaseException | None) -> LeaseLostError:
+        why = "no renewal" if cause is None else f"last error: {cause}"
+        lost = LeaseLostError(
+            f"session {self.session_id!r}: the lease could not be renewed before it "
+            f"expired ({why})",
+            session_id=self.session_id,
+        )
+        lost.__cause__ = cause
+        handle.lost = True
+        return lost
+
     async def _renew_loop(self, *, sleep_first: bool = True) -> None:
         assert self.handle is not None
         handle = self.handle
         lease = self.store.lease_seconds
-        # Declare the lease lost a little before it expires, so the owner is interrupted
-        # before anyone else may take the session over.
-        margin = min(lease * 0.1, 1.0)
         due = not sleep_first
         while due or not await self._sleep_or_stop(lease / 3):
             due = False
             backoff = min(0.05, lease / 20)
+            last: BaseException | None = None
             while True:
+                # Each attempt (waiting for the turn's lock included: a hanging checkpoint
+                # holds it) ends by the time the owner must stop.
+                stop_at = self._must_stop_at(handle)
                 try:
-                    async with self._lock:
-                        if self._stop.is_set():
-                            return
-                        await self.storage.renew(handle)
+                    async with asyncio.timeout_at(stop_at):
+                        async with self._lock:
+                            if self._stop.is_set():
+                                return
+                            await self.storage.renew(handle)
                     break
                 except LeaseLostError as exc:
                     self._fail(exc)
@@ -232,27 +255,26 @@ class Turn:
                 except ResourceClosedError as exc:
                     self._fail(exc)
                     return
+                except TimeoutError as exc:
+                    if asyncio.get_running_loop().time() >= stop_at:
+                        self._fail(self._expired(handle, last or exc))
+                        return
+                    last = exc
                 except Exception as exc:
-                    left = handle.lease_expires_at - margin - self.storage.clock()
-                    if left <= 0:
-                        lost = LeaseLostError(
-                            f"session {self.session_id!r}: the lease could not be renewed before it "
-                            f"expired (last error: {exc})",
-                            session_id=self.session_id,
-                        )
-                        lost.__cause__ = exc
-                        handle.lost = True
-                        self._fail(lost)
-                        return
-                    log.warning(
-                        "session %r: lease renewal failed (%s); retrying for %.2fs",
-                        self.session_id,
-                        exc,
-                        left,
-                    )
-                    if await self._sleep_or_stop(min(backoff * random.uniform(0.5, 1.5), left)):
-                        return
-                    backoff = min(backoff * 2, lease / 6)
+                    last = exc
+                left = stop_at - asyncio.get_running_loop().time()
+                if left <= 0:
+                    self._fail(self._expired(handle, last))
+                    return
+                log.warning(
+                    "session %r: lease renewal failed (%s); retrying for %.2fs",
+                    self.session_id,
+                    last,
+                    left,
+                )
+                if await self._sleep_or_stop(min(backoff * random.uniform(0.5, 1.5), left)):
+                    return
+                backoff = min(backoff * 2, lease / 6)
 
     def _fail(self, error: SessionError | ResourceClosedError) -> None:
         """Record why the turn cannot continue and interrupt its owner task."""
@@ -299,7 +321,7 @@ class Turn:
             if exc_type is None:
                 replacement = self.session._replacement
                 handle = self.handle
-                await self.locked_exit(lambda: self.storage.save_and_release(handle, replacement))
+                await self._retried_exit(lambda: self.storage.save_and_release(handle, replacement))
                 return False
             await self._release_quietly()
             return False
@@ -307,6 +329,31 @@ class Turn:
             self._finished = True
             self.store._turn_finished(self)
             self._done.set()
+
+    async def _retried_exit(self, operation: Callable[[], Awaitable[None]]) -> None:
+        """Run the turn's last write, retrying a transient failure while the lease lasts.
+
+        A retry is safe: the storage settles the earlier attempt's unknown outcome first
+        (its own write is recognised, never written twice). Without it a failed release
+        would keep the session held until the lease expired.
+        """
+        assert self.handle is not None
+        handle = self.handle
+        backoff = 0.05
+        while True:
+            try:
+                await self.locked_exit(operation)
+                return
+            except TransientStoreError as exc:
+                left = self._must_stop_at(handle) - asyncio.get_running_loop().time()
+                pause = backoff * random.uniform(0.5, 1.5)
+                if left <= pause:
+                    raise
+                log.warning(
+                    "session %r: the turn's last write failed (%s); retrying", self.session_id, exc
+                )
+                await asyncio.sleep(pause)
+                backoff = min(backoff * 2, 1.0)
 
     async def locked_exit(self, operation: Callable[[], Awaitable[None]]) -> None:
         async def run() -> None:
@@ -323,7 +370,7 @@ class Turn:
         if handle.lost:
             return
         try:
-            await self.locked_exit(lambda: self.storage.release(handle))
+            await self._retried_exit(lambda: self.storage.release(handle))
         except Exception as exc:
             log.warning(
                 "session %r: could not release the lease (%s); it expires in %.1fs",
