@@ -21,11 +21,13 @@ _LAZY = {
     "SessionContract": "agent_stores_contract.sessions",
     "MemoryContract": "agent_stores_contract.memory",
     "CheckpointerContract": "agent_stores_contract.checkpointer",
+    "FaultContract": "agent_stores_contract.faults",
 }
 
 __all__ = [
     "CheckpointerContract",
     "ContractBase",
+    "FaultContract",
     "KVContract",
     "MemoryContract",
     "SessionContract",

@@ -262,6 +262,14 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    import sys
+
+    faults = sys.modules.get("agent_stores_contract.faults")
+    reports = getattr(faults, "REPORTS", [])
+    if reports:
+        terminalreporter.section("agent-stores contract: fault runs")
+        for report in reports:
+            terminalreporter.write_line(report.line())
     skips = config.stash.get(CAPABILITY_SKIPS, [])
     if not skips:
         return

@@ -12,7 +12,7 @@ Faults (all standard kinds):
     The call fails with :class:`~agent_stores.errors.BackendUnavailableError` before it
     reaches the store.
 ``ConnectionReset`` (reset)
-    The same, as a :class:`ConnectionResetError`, the way a driver reports it.
+    The same, caused by a :class:`ConnectionResetError`, as a backend reports its driver's.
 ``LostReply`` (lost_reply, writes only)
     The write is applied, then the call fails with ``BackendUnavailableError``.
 ``ResentWrite`` (lost_reply, writes only)
@@ -106,7 +106,8 @@ class FaultyKV(KVStore):
         if fault == "Unavailable":
             raise BackendUnavailableError(detail=f"{self.describe()}: unavailable (injected)")
         if fault == "ConnectionReset":
-            raise ConnectionResetError(lost)
+            # What a backend makes of its driver's ConnectionResetError.
+            raise BackendUnavailableError(detail=lost) from ConnectionResetError(lost)
         if fault == "Blackhole":
             await asyncio.Event().wait()
         await call()

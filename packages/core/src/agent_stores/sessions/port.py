@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
+from ..errors import ConflictError
 from ..kv.base import KVStore
 from .records import FORMAT, STATE_KEY
 
@@ -153,7 +154,7 @@ class KVSessionPort:
     async def save(self, request: SaveRequest) -> str:
         """Chunk parts first (in parallel), then one CAS on ``state``."""
         creates = [
-            self.kv.create(request.scope, f"{c.key}/{i}", part, ttl=request.chunk_ttl_seconds)
+            self._create_part(request.scope, f"{c.key}/{i}", part, request.chunk_ttl_seconds)
             for c in request.chunks
             for i, part in enumerate(c.parts)
         ]
@@ -166,6 +167,16 @@ class KVSessionPort:
             expected_version=request.expected_version,
             ttl=request.ttl_seconds,
         )
+
+    async def _create_part(self, scope: str, key: str, part: bytes, ttl: float | None) -> None:
+        """Create one chunk part. Chunk keys are fresh random names, so a conflict can only
+        be this very write, re-sent after its reply was lost: it is ours if the bytes match."""
+        try:
+            await self.kv.create(scope, key, part, ttl=ttl)
+        except ConflictError:
+            stored = await self.kv.get(scope, key)
+            if stored is None or stored.value != part:
+                raise
 
 
 def acquired_state(stored: bytes, *, owner: str, lease_end: float, now: float) -> bytes | None:

@@ -41,7 +41,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic_ai.messages import ModelMessage
 
@@ -746,6 +746,12 @@ class KVSessionStorage:
             )
         except ConflictError:
             landed = await self._settle_conflict(handle, value, header, tail, writes)
+            if landed == "unchanged":
+                raise TransientStoreError(
+                    f"session {handle.session_id!r}: a write met a conflict although the "
+                    "session's state is unchanged (a re-sent chunk write?); it may be retried",
+                    session_id=handle.session_id,
+                ) from None
             if landed is None:
                 pass  # adopted: the stored state is exactly our write
             elif landed and release:
@@ -770,15 +776,17 @@ class KVSessionStorage:
         header: StateHeader,
         tail: bytes,
         writes: Sequence[ChunkWrite],
-    ) -> bool | None:
+    ) -> bool | Literal["unchanged"] | None:
         """After a conflict on our fenced write: did it land anyway?
 
         A lost reply re-sent by the SDK (or by us) meets its own earlier success as a
         conflict. Reads the state back: None when it is exactly our write (adopted: the
         handle follows it); True when our write landed and another client has moved on
         from it (its write mark, or our new chunks, are in the stored state); False when
-        it never landed. The chunks we wrote are deleted only when the stored state does
-        not reference them: a state derived from ours still does.
+        it never landed; ``"unchanged"`` when the state is still the one we hold (the
+        conflict was not the state's: the write may be retried). The chunks we wrote are
+        deleted only when the stored state does not reference them: a state derived from
+        ours still does.
         """
         entry = await self._call(handle.session_id, self.kv.get(handle.scope, STATE_KEY))
         if entry is not None and entry.value == value:
@@ -786,6 +794,8 @@ class KVSessionStorage:
             handle.header = header
             handle.tail = tail
             return None
+        if entry is not None and entry.version == handle.version:
+            return "unchanged"
         stored: StateHeader | None = None
         if entry is not None:
             try:
