@@ -177,3 +177,26 @@ async def test_every_kv_call_is_bounded_by_the_deadline() -> None:
     injector.arm("Blackhole")
     with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.2 s"):
         await kv.get("s", "k")
+
+
+async def test_a_cold_turn_that_recopies_aged_chunks_reads_its_history() -> None:
+    """A store that never saw the session takes a turn whose acquire must re-copy chunks
+    due to expire: the copies are cached as they are written, so the chunk reads that
+    ride along with the acquire never race the save creating them (it was SESSION_INVALID)."""
+    now = [1_000_000.0]
+    inner = MemoryKV(clock=lambda: now[0])
+    ttl = 1000.0
+    async with SessionStore(inner, ttl_seconds=ttl, tail_bytes=1024) as a:
+        async with a.turn("s") as session:
+            session.replace([*pair("t0"), *pair("t1"), *pair("t2")])
+        now[0] += 0.9 * ttl
+        async with a.turn("s") as session:
+            session.replace([*session.messages, *pair("t3")])
+    now[0] += 0.6 * ttl
+    for _ in range(3):
+        async with SessionStore(inner, ttl_seconds=ttl, tail_bytes=1024) as cold:
+            async with cold.turn("s") as session:
+                assert texts(session.messages) == [
+                    t for t in ("t0", "t1", "t2", "t3") for _ in (0, 1)
+                ]
+            await assert_readable(cold, "s", ["t0", "t1", "t2", "t3"])

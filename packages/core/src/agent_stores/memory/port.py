@@ -87,9 +87,11 @@ class MemoryPort(Protocol):
 class KVMemoryPort:
     """The default port on any KV store: markers, then the record's CAS, then the index.
 
-    Not atomic: the index is written after the record (its loss is repaired by the next
-    replay, the record's receipt being authoritative), and an index entry that already
-    exists is left as it is (a concurrent replay wrote it).
+    Not atomic: the index is written after the record. When that fails the write raises
+    (applied, but not yet findable by ``get_operation``) and the caller's retry with the
+    same operation replays from the record's receipt, which is authoritative, and writes
+    the index; an index entry that already exists is left as it is (a concurrent replay
+    wrote it).
     """
 
     atomic = False
@@ -126,12 +128,10 @@ class KVMemoryPort:
             pass  # already marked
 
     async def _index(self, index: IndexWrite) -> None:
+        # A failure propagates: the write is applied but not yet findable by
+        # get_operation, so the caller hears "unavailable" and its retry (same operation)
+        # replays from the record's receipt and writes the index.
         try:
             await self.kv.create(index.scope, index.key, index.value, ttl=index.ttl)
         except ConflictError:
-            pass  # a concurrent replay indexed it already
-        except Exception as exc:
-            # The receipt in the file record stays authoritative; the next replay repairs this.
-            logger.warning(
-                "memory receipt index write failed (%s); the file record keeps the receipt", exc
-            )
+            pass  # a concurrent replay (or this write, re-sent) indexed it already

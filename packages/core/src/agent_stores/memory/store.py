@@ -825,11 +825,8 @@ class KVMemoryStore(KVBackedStore):
             await self.kv.create(scope, key, entry.dump(), ttl=self._receipt_ttl)
         except ConflictError:
             pass  # a concurrent replay indexed it already
-        except Exception as exc:
-            # The receipt in the file record stays authoritative; the next replay repairs this.
-            logger.warning(
-                "memory receipt index write failed (%s); the file record keeps the receipt", exc
-            )
+        # Any other failure propagates: a replay is complete only once get_operation can
+        # find it, and the caller's next retry repairs the index again.
 
     async def _discard(self, scope: str, keys: Sequence[str]) -> None:
         async def drop(key: str) -> None:

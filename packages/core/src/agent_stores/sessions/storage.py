@@ -101,6 +101,10 @@ T = TypeVar("T")
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
 
 
+#: Pauses before reading a missing chunk again (None: give up): see ``_fetch_chunks``.
+_MISSING_CHUNK_PAUSES: tuple[float | None, ...] = (0.05, 0.15, 0.3, None)
+
+
 @dataclass
 class LeaseHandle:
     """An acquired session, as the storage layer sees it.
@@ -421,18 +425,31 @@ class KVSessionStorage:
     async def _fetch_chunks(
         self, session_id: str, scope: str, refs: Sequence[ChunkRef]
     ) -> dict[str, bytes]:
-        """Raw bytes of chunks that are not cached, in one ``get_many``."""
+        """Raw bytes of chunks that are not cached, in one ``get_many``.
+
+        A chunk the state references but the read did not find is read again a few times
+        over about half a second before it counts as missing: a lagging replica (an
+        eventually consistent read) can serve a new state before its new chunks.
+        """
         missing = [r for r in refs if self.cache.get(scope, r.key) is None]
-        if not missing:
-            return {}
-        keys = [k for r in missing for k in r.part_keys()]
-        found: dict[str, Entry] = await self._call(session_id, self.kv.get_many(scope, keys))
         out: dict[str, bytes] = {}
-        for ref in missing:
-            pieces = [found.get(k) for k in ref.part_keys()]
-            if any(p is None for p in pieces):
-                raise _MissingChunk(ref.key)
-            out[ref.key] = b"".join(p.value for p in pieces if p is not None)
+        for pause in _MISSING_CHUNK_PAUSES:
+            if not missing:
+                return out
+            keys = [k for r in missing for k in r.part_keys()]
+            found: dict[str, Entry] = await self._call(session_id, self.kv.get_many(scope, keys))
+            absent: list[ChunkRef] = []
+            for ref in missing:
+                pieces = [found.get(k) for k in ref.part_keys()]
+                if any(p is None for p in pieces):
+                    absent.append(ref)
+                else:
+                    out[ref.key] = b"".join(p.value for p in pieces if p is not None)
+            if absent and pause is None:
+                raise _MissingChunk(absent[0].key)
+            missing = absent
+            if missing and pause is not None:
+                await asyncio.sleep(pause)
         return out
 
     def _assemble(
@@ -485,16 +502,15 @@ class KVSessionStorage:
                 continue
             raw = await self._chunk_raw(session_id, scope, ref)
             cached = self.cache.get(scope, ref.key)
+            # The copy is cached under its new key, so an acquire reading the chunks in the
+            # same round trip as the save that creates the copy never has to fetch it.
+            try:
+                messages = cached.messages if cached else decode_messages(raw, ref.count)
+            except RecordError as exc:
+                raise self._invalid(session_id, f"history chunk {ref.key}: {exc}") from None
             copy, write = self._new_chunk(
                 scope,
-                _Planned(
-                    ref.count,
-                    ref.size,
-                    ref.level,
-                    ref.sealed,
-                    blob=raw,
-                    messages=cached.messages if cached else None,
-                ),
+                _Planned(ref.count, ref.size, ref.level, ref.sealed, blob=raw, messages=messages),
                 now,
             )
             out.chunks.append(copy)
@@ -808,10 +824,38 @@ class KVSessionStorage:
             stored.extra.get(WRITE_MARK) == header.extra.get(WRITE_MARK)
             or bool(written & referenced)
         )
+        if not landed and stored is not None and entry is not None:
+            landed = await self._extends(handle, header, value, stored, entry.value)
         unreferenced = [c for c in header.chunks if c.key in written and c.key not in referenced]
         if stored is not None or entry is None:
             self._discard_later(handle.session_id, handle.scope, unreferenced)
         return landed
+
+    async def _extends(
+        self,
+        handle: LeaseHandle,
+        mine: StateHeader,
+        mine_value: bytes,
+        stored: StateHeader,
+        stored_value: bytes,
+    ) -> bool:
+        """Does the stored history begin with the whole history our write held?
+
+        Then our write landed and another client built on it (its messages carry their
+        timestamps, so nobody else writes the same ones). Only asked after an ambiguous
+        outcome whose mark was overwritten: it reads the chunks this process lacks.
+        """
+        if stored.message_count < mine.message_count:
+            return False
+        refs = {c.key: c for c in (*mine.chunks, *stored.chunks)}
+        sid, scope = handle.session_id, handle.scope
+        try:
+            fetched = await self._fetch_chunks(sid, scope, list(refs.values()))
+            ours = self._assemble(sid, scope, mine, mine_value.partition(b"\n")[2], fetched)
+            theirs = self._assemble(sid, scope, stored, stored_value.partition(b"\n")[2], fetched)
+        except (_MissingChunk, InvalidSessionError):
+            return False
+        return theirs[: len(ours)] == ours
 
     def _forget_chunks(self, scope: str, writes: Sequence[ChunkWrite]) -> None:
         """Drop the cache entries of chunks planned but never sent."""
@@ -843,9 +887,12 @@ class KVSessionStorage:
                 mark = mine.extra.get(WRITE_MARK)
                 if mark is not None and stored.extra.get(WRITE_MARK) == mark:
                     return True
-                # Or a client built on it: the chunks only our write referenced are in use.
+                # Or a client built on it: the chunks only our write referenced are in use,
+                # or the stored history extends the one we wrote.
                 ours = {c.key for c in mine.chunks} - {c.key for c in handle.header.chunks}
                 if ours & {c.key for c in stored.chunks}:
+                    return True
+                if await self._extends(handle, mine, attempted, stored, entry.value):
                     return True
         handle.lost = True
         raise self._lost(handle)
