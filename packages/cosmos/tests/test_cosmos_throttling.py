@@ -38,11 +38,11 @@ async def test_throttled_request_is_retried_after_the_asked_delay(cosmos_url: st
 
 
 async def test_throttling_that_does_not_stop_is_backend_unavailable(cosmos_url: str) -> None:
-    """Past ?throttle_retries=, a 429 becomes BackendUnavailableError naming 429; nothing written."""
+    """Past ?retries=, a 429 becomes BackendUnavailableError naming 429 (cause kept); nothing written."""
     port = StoreURL.parse(cosmos_url).port
     assert port is not None
     async with ThrottlingProxy(port, retry_after_ms=20) as proxy:
-        kv = open_kv(_through(cosmos_url, proxy.port, throttle_retries="2"))
+        kv = open_kv(_through(cosmos_url, proxy.port, retries="2"))
         async with kv:
             await kv.setup()
             proxy.item_requests.clear()
@@ -50,13 +50,20 @@ async def test_throttling_that_does_not_stop_is_backend_unavailable(cosmos_url: 
             with pytest.raises(BackendUnavailableError, match="429") as info:
                 await kv.create("s", "k", b"v")
             assert isinstance(info.value, ConnectionError)
+            assert info.value.__cause__ is not None
             assert len(proxy.item_requests) == 3  # the first try and two retries
             proxy.throttle = 0
             assert await kv.get("s", "k") is None
 
 
-async def test_lost_reply_of_a_create_is_recognised_on_retry(cosmos_url: str) -> None:
-    """A client that re-sends writes (retry_write) and loses a create's reply: not a false conflict.
+@pytest.mark.parametrize("retry_write", [None, 1])
+async def test_lost_reply_of_a_create_is_recognised_on_retry(
+    cosmos_url: str, retry_write: int | None
+) -> None:
+    """A ready client that re-sends writes loses a create's reply: not a false conflict.
+
+    azure-core reports the cut connection as "request not sent" and azure-cosmos re-sends
+    the write, with its default settings (None) as with ``retry_write``.
 
     The server applied the create; the re-sent create gets 409; the store reads the item,
     finds its own write token, and returns that write's version.
@@ -67,11 +74,12 @@ async def test_lost_reply_of_a_create_is_recognised_on_retry(cosmos_url: str) ->
     assert parsed.port is not None
     key = parsed.query_get("key")
     async with ThrottlingProxy(parsed.port) as proxy:
+        extra = {} if retry_write is None else {"retry_write": retry_write}
         client = CosmosClient(
             f"http://127.0.0.1:{proxy.port}/",
             credential=key,
             enable_endpoint_discovery=False,
-            retry_write=1,
+            **extra,
         )
         async with client:
             kv = open_kv(
@@ -81,6 +89,7 @@ async def test_lost_reply_of_a_create_is_recognised_on_retry(cosmos_url: str) ->
                 container=parsed.path.strip("/").split("/")[1],
                 create=True,
                 emulator="cosmosdb-server",
+                retries=0,  # the store never re-sends: only the SDK does
             )
             async with kv:
                 await kv.setup()
@@ -90,3 +99,10 @@ async def test_lost_reply_of_a_create_is_recognised_on_retry(cosmos_url: str) ->
                 assert proxy.drop_replies == 0
                 entry = await kv.get("s", "lost")
                 assert entry is not None and entry.version == version and entry.value == b"v"
+                # A replace whose reply is lost: the SDK's re-send meets 412, the store
+                # finds its own write token and reports the write it made.
+                proxy.drop_replies = 1
+                newer = await kv.replace("s", "lost", b"w", expected_version=version)
+                assert proxy.drop_replies == 0
+                entry = await kv.get("s", "lost")
+                assert entry is not None and entry.version == newer and entry.value == b"w"

@@ -13,11 +13,13 @@ One documented form (see ``docs/cosmos.md``)::
   (``AccountEndpoint=https://…;AccountKey=…;``).
 
 Query options: ``prefix``, ``key``, ``auth`` (``key`` | ``entra``), ``tls``, ``create``
-(create database and container at setup, default true), ``emulator``
-(``cosmosdb-server``: the npm test server; see :mod:`agent_stores_cosmos.kv`),
-``endpoint_discovery``, ``timeout`` (seconds), ``throttle_retries``,
-``throttle_wait`` (seconds in total). Unknown options are an error, so a typo never
-silently falls back to a default.
+(``setup`` may create the database and container, default true), ``auto_setup`` (create
+them on first use too, default false: nothing billable is created implicitly),
+``emulator`` (``cosmosdb-server``: the npm test server; see :mod:`agent_stores_cosmos.kv`),
+``endpoint_discovery``, ``deadline`` (seconds one call may take, retries included),
+``timeout`` (seconds per request: connect and read), ``retries`` (transient failures
+retried per request). Unknown options are an error, so a typo never silently falls back
+to a default.
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from agent_stores.errors import ConfigError
+from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
 from agent_stores.url import StoreURL
 
 KEY_ENV = "AZURE_COSMOS_KEY"
 CONNECTION_STRING_ENV = "AZURE_COSMOS_CONNECTION_STRING"
 DEFAULT_PREFIX = "agent-stores"
 DEFAULT_CONTAINER = "agent-stores"
-DEFAULT_TIMEOUT = 10.0
-DEFAULT_THROTTLE_RETRIES = 9
-DEFAULT_THROTTLE_WAIT = 30.0
+#: Seconds one request may take to connect, and to wait for its reply.
+DEFAULT_TIMEOUT = 5.0
+#: Transient failures (429, 449, 408, 410, 5xx, connection errors) retried per request,
+#: always within the call's deadline.
+DEFAULT_RETRIES = 10
 EMULATORS = frozenset({"cosmosdb-server"})
 
 KNOWN_OPTIONS = frozenset(
@@ -46,11 +51,12 @@ KNOWN_OPTIONS = frozenset(
         "auth",
         "tls",
         "create",
+        "auto_setup",
         "emulator",
         "endpoint_discovery",
+        "deadline",
         "timeout",
-        "throttle_retries",
-        "throttle_wait",
+        "retries",
     }
 )
 
@@ -71,11 +77,12 @@ class CosmosSettings:
     auth: str = "key"
     key: str | None = field(default=None, repr=False)
     create: bool = True
+    auto_setup: bool = False
     emulator: str | None = None
     endpoint_discovery: bool = True
+    deadline: float = DEFAULT_DEADLINE_SECONDS
     timeout: float = DEFAULT_TIMEOUT
-    throttle_retries: int = DEFAULT_THROTTLE_RETRIES
-    throttle_wait: float = DEFAULT_THROTTLE_WAIT
+    retries: int = DEFAULT_RETRIES
     #: the URL with secrets hidden, for people
     location: str = ""
 
@@ -197,12 +204,13 @@ def parse_url(url: StoreURL | str) -> CosmosSettings:
         auth=auth,
         key=key,
         create=url.bool_option("create", True),
+        auto_setup=url.bool_option("auto_setup", False),
         emulator=emulator,
         # The test server advertises https:// locations it does not serve: discovery must be off.
         endpoint_discovery=url.bool_option("endpoint_discovery", emulator is None),
+        deadline=url.float_option("deadline", DEFAULT_DEADLINE_SECONDS, minimum=0.5),
         timeout=url.float_option("timeout", DEFAULT_TIMEOUT, minimum=0.1),
-        throttle_retries=url.int_option("throttle_retries", DEFAULT_THROTTLE_RETRIES, minimum=0),
-        throttle_wait=url.float_option("throttle_wait", DEFAULT_THROTTLE_WAIT, minimum=0),
+        retries=url.int_option("retries", DEFAULT_RETRIES, minimum=0, maximum=100),
         # A connection-string URL has no host: name the endpoint (it holds no secret).
         location=where if url.host else f"{where} (endpoint {endpoint})",
     )

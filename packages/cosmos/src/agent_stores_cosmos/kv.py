@@ -16,13 +16,28 @@ server-side conditional request:
 ``commit`` is not offered: correctness needs only single-key CAS + scan, and no server
 the tests can run here executes a transactional batch atomically (see ``docs/cosmos.md``).
 
-Failures: 429 (request rate too large) is retried by the Azure SDK, honouring
-``x-ms-retry-after-ms``, up to ``?throttle_retries=`` / ``?throttle_wait=``; what remains,
-and every connection error, timeout or 5xx, becomes
-:class:`~agent_stores.errors.BackendUnavailableError` with no key in it. The SDK never
-re-sends a write whose reply was lost (``retry_write`` stays off in clients the store
-builds). A ready client may re-send: every item carries a random write token ``w``, so
-a create that meets its own earlier attempt (409) recognises it and succeeds.
+**Retries.** Every request (reads, writes, queries, setup) goes through one retry loop
+here, :meth:`CosmosKV._request`: 429 (waiting the ``x-ms-retry-after-ms`` the service
+asks for), 449, 408, 410 (any substatus), 500/502/503/504, 404/1002 and connection errors
+are retried with jittered exponential backoff, at most ``?retries=`` times and never past
+the call's deadline (``?deadline=``, :attr:`KVStore.deadline_seconds`); then the call
+raises :class:`~agent_stores.errors.BackendUnavailableError` with the last failure as its
+cause — never a configuration error. The SDK's own throttling and connection retries are
+off in clients the store builds (they retried 429 only, 408/5xx once and only with endpoint
+discovery on, and 449 never), so there is one budget, not two nested ones.
+
+**Re-sent writes.** A write whose reply is lost may have been applied. azure-core cannot
+tell: when the server drops the connection after receiving a request, aiohttp reports
+``ServerDisconnectedError`` and azure-core maps it to ``ServiceRequestError`` ("request not
+sent"), and azure-cosmos's connection retry policy then re-sends it — writes included —
+in clients built with its defaults (a ready client handed to :meth:`CosmosKV.from_client`
+keeps those). In clients the store builds, the store re-sends itself, knowing the first
+outcome is unknown. Either way a re-sent conditional write can meet its own earlier
+success: every item carries a random write token ``w`` generated for that one write, so
+a create answered 409, or a replace answered 412, reads the item back and, if it holds
+our token, returns that write's version. When the item holds someone else's write (or a
+delete re-sent after a lost reply finds the item gone) the outcome is unknown, and the
+call raises ``BackendUnavailableError`` saying so — never a conflict that may be a lie.
 
 ``emulator=cosmosdb-server`` (the npm test server): point reads carry the cross-partition
 header, without which that server answers 500 instead of 404 for a missing item, and
@@ -33,8 +48,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+import functools
+import random
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar, cast
 
 from agent_stores.errors import (
     AppError,
@@ -44,6 +62,7 @@ from agent_stores.errors import (
     CorruptRecordError,
 )
 from agent_stores.kv.base import (
+    DEFAULT_DEADLINE_SECONDS,
     Clock,
     Entry,
     KVCapabilities,
@@ -51,14 +70,18 @@ from agent_stores.kv.base import (
     KVStore,
     ScanItem,
     new_version,
+    within_deadline,
 )
 from agent_stores.url import StoreURL
 
 from . import layout
-from .config import CosmosSettings, check_prefix, parse_url
+from .config import DEFAULT_RETRIES, CosmosSettings, check_prefix, parse_url
 
 if TYPE_CHECKING:
     from azure.cosmos.aio import ContainerProxy, CosmosClient
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: How many times create re-tries when the item keeps changing under it.
 CREATE_ATTEMPTS = 8
@@ -70,6 +93,8 @@ SCOPES_PAGE = 200
 #: Header that makes the npm test server answer 404 (not 500) for a missing item.
 _CROSS_PARTITION = "x-ms-documentdb-query-enablecrosspartition"
 _PARTITION_PATH = "/pk"
+#: The command that creates database and container (named in every "missing" error).
+SETUP_COMMAND = "agent-stores setup URL"
 #: Only the fields queries filter and order on are indexed: never the base64 value.
 INDEXING_POLICY: dict[str, Any] = {
     "indexingMode": "consistent",
@@ -84,6 +109,60 @@ INDEXING_POLICY: dict[str, Any] = {
     "excludedPaths": [{"path": "/*"}],
 }
 
+#: HTTP statuses retried: throttling (429), "retry with" (449, a concurrent update in the
+#: service), timeout (408), gone (410: a partition moved or split), and server errors.
+TRANSIENT_STATUSES = frozenset({408, 410, 429, 449, 500, 502, 503, 504})
+#: 404 with this substatus: the replica has not caught up with the session token yet.
+READ_SESSION_NOT_AVAILABLE = 1002
+#: Statuses after which a write may have been applied although it reported failure.
+MAYBE_APPLIED_STATUSES = frozenset({408, 500, 502, 504})
+#: Exponential backoff between retries: base, cap (seconds); "equal jitter" on top.
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 2.0
+#: Consistency levels under which a reader can see a state before what it references.
+WEAK_CONSISTENCY = frozenset({"eventual", "consistentprefix"})
+
+#: The absolute (loop-time) end of the retry budget of the KV call this task is in.
+_CALL_END: ContextVar[float | None] = ContextVar("agent_stores_cosmos_call_end", default=None)
+
+
+class ContainerMissingError(ConfigError):
+    """The database or container does not exist; ``agent-stores setup URL`` creates them."""
+
+
+class _Outcome:
+    """What a write's earlier attempts did: ``maybe_applied`` once a reply was lost."""
+
+    __slots__ = ("maybe_applied",)
+
+    def __init__(self) -> None:
+        self.maybe_applied = False
+
+
+def _budgeted(
+    fn: Callable[Concatenate[CosmosKV, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[CosmosKV, P], Coroutine[Any, Any, T]]:
+    """Give a primitive the retry budget of its call: the store's deadline, less a margin.
+
+    The core bounds every public call by ``deadline_seconds`` and cancels what is still
+    running then; the retry loop stops a little earlier, so the error it raises keeps
+    its cause. Nested primitives (create reading back) share the outer budget.
+    """
+
+    @functools.wraps(fn)
+    async def wrapper(self: CosmosKV, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        deadline = self.deadline_seconds
+        if _CALL_END.get() is not None or deadline is None:
+            return await fn(self, *args, **kwargs)
+        margin = min(0.25, deadline / 10)
+        token = _CALL_END.set(asyncio.get_running_loop().time() + deadline - margin)
+        try:
+            return await fn(self, *args, **kwargs)
+        finally:
+            _CALL_END.reset(token)
+
+    return wrapper
+
 
 class RequestStats:
     """Requests and request units (``x-ms-request-charge``) this store spent."""
@@ -91,6 +170,8 @@ class RequestStats:
     def __init__(self) -> None:
         self.requests = 0
         self.request_charge = 0.0
+        #: transient failures retried (by status code, or "connection")
+        self.retries: dict[str, int] = {}
 
     def hook(self, headers: Mapping[str, Any], _body: Any = None) -> None:
         """An Azure SDK ``response_hook``: counts one response."""
@@ -98,13 +179,21 @@ class RequestStats:
         with contextlib.suppress(TypeError, ValueError):
             self.request_charge += float(headers.get("x-ms-request-charge", 0) or 0)
 
+    def retried(self, reason: str) -> None:
+        """Count one retry."""
+        self.retries[reason] = self.retries.get(reason, 0) + 1
+
 
 class CosmosKV(KVStore):
     """KV store in one Cosmos DB for NoSQL container.
 
     Build it from a URL (:meth:`from_url`) or around a ready ``azure.cosmos.aio``
     ``CosmosClient`` or ``ContainerProxy`` (:meth:`from_client`; never closed by the
-    store). The database and container are created on first use unless ``?create=false``.
+    store). Nothing billable is created implicitly: the database and container are
+    created by :meth:`setup` (``agent-stores setup URL``), or on first use only with
+    ``?auto_setup=true``. The container is checked when first used: partition key
+    ``/pk``, TTL on with ``defaultTtl = -1``, and an account with one write region and
+    Session (or stronger) consistency.
     """
 
     backend_name: ClassVar[str] = "cosmos"
@@ -121,9 +210,12 @@ class CosmosKV(KVStore):
         database: str | None = None,
         container_name: str | None = None,
         create: bool = False,
+        auto_setup: bool = False,
         emulator: str | None = None,
         display: str = "cosmos",
         clock: Clock | None = None,
+        deadline: float | None = DEFAULT_DEADLINE_SECONDS,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
         super().__init__(clock=clock)
         self.prefix = check_prefix(prefix)
@@ -134,10 +226,16 @@ class CosmosKV(KVStore):
         self._database_name = database
         self._container_name = container_name
         self._create_missing = create
+        self._auto_setup = auto_setup
         self.emulator = emulator
         self._display = display
+        self.deadline_seconds = deadline
+        self.retries = retries
         self._ready_lock: asyncio.Lock | None = None
+        self._verified = False
         self._credential: Any = None  # an Entra ID credential the store created
+        #: an azure-core transport for clients the store builds (the fault injector's)
+        self._transport: Any = None
         self._secrets = [s for s in (settings.key if settings else None,) if s]
         self.stats = RequestStats()
         # The test server runs batches one operation at a time: never call that atomic.
@@ -161,9 +259,12 @@ class CosmosKV(KVStore):
             database=settings.database,
             container_name=settings.container,
             create=settings.create,
+            auto_setup=settings.auto_setup,
             emulator=settings.emulator,
             display=settings.describe(),
             clock=clock,
+            deadline=settings.deadline,
+            retries=settings.retries,
         )
 
     @classmethod
@@ -175,22 +276,30 @@ class CosmosKV(KVStore):
         database: str | None = None,
         container: str | None = None,
         create: bool = False,
+        auto_setup: bool = False,
         emulator: str | None = None,
         clock: Clock | None = None,
+        deadline: float | None = DEFAULT_DEADLINE_SECONDS,
+        retries: int = DEFAULT_RETRIES,
     ) -> CosmosKV:
         """Wrap a ready ``azure.cosmos.aio.CosmosClient`` (give ``database`` and ``container``)
         or ``ContainerProxy``. The client stays yours: the store never closes it.
+
+        ``create``: :meth:`setup` may create database and container (a ``CosmosClient``
+        only); ``auto_setup``: also on first use.
         """
         from azure.cosmos.aio import ContainerProxy, CosmosClient
 
+        common: dict[str, Any] = {
+            "prefix": prefix,
+            "emulator": emulator,
+            "clock": clock,
+            "deadline": deadline,
+            "retries": retries,
+            "auto_setup": auto_setup,
+        }
         if isinstance(client, ContainerProxy):
-            return cls(
-                prefix=prefix,
-                container=client,
-                emulator=emulator,
-                display=f"cosmos (container {client.id!r})",
-                clock=clock,
-            )
+            return cls(container=client, display=f"cosmos (container {client.id!r})", **common)
         if isinstance(client, CosmosClient):
             if not database or not container:
                 raise ConfigError(
@@ -198,14 +307,12 @@ class CosmosKV(KVStore):
                     "(or pass a ContainerProxy)"
                 )
             return cls(
-                prefix=prefix,
                 client=client,
                 database=database,
                 container_name=container,
                 create=create,
-                emulator=emulator,
                 display=f"cosmos (client, {database}/{container})",
-                clock=clock,
+                **common,
             )
         raise ConfigError(
             detail=f"expected an azure.cosmos.aio CosmosClient or ContainerProxy, got "
@@ -216,10 +323,21 @@ class CosmosKV(KVStore):
     def describe(self) -> str:
         return f"{self._display} [prefix {self.prefix}]"
 
+    @property
+    def auto_setup(self) -> bool:
+        """``?auto_setup=`` (default false): create database and container on first use.
+
+        Off by default because they are billable: a typo in a database name must fail
+        (naming ``agent-stores setup URL``), not create a new database.
+        """
+        return self._auto_setup
+
     # -- plumbing -----------------------------------------------------------------------
 
     def _build_client(self) -> CosmosClient:
+        from azure.cosmos._retry_options import RetryOptions
         from azure.cosmos.aio import CosmosClient
+        from azure.cosmos.documents import ConnectionPolicy
 
         settings = self._settings
         assert settings is not None
@@ -235,67 +353,267 @@ class CosmosKV(KVStore):
             self._credential = credential
         else:
             credential = settings.key
+        # One retry budget, the store's (see the module docstring): the SDK's throttling
+        # retries and its connection-level re-sends are off. Its regional failover (with
+        # endpoint discovery on) stays: that one is right, and bounded by the regions.
+        policy = ConnectionPolicy()
+        policy.RetryOptions = RetryOptions(
+            max_retry_attempt_count=0,
+            fixed_retry_interval_in_milliseconds=None,
+            max_wait_time_in_seconds=0,
+        )
+        extra: dict[str, Any] = {}
+        if self._transport is not None:
+            extra["transport"] = self._transport
         return CosmosClient(
             settings.endpoint,
             credential=credential,
+            connection_policy=policy,
             enable_endpoint_discovery=settings.endpoint_discovery,
             connection_timeout=settings.timeout,
-            retry_throttle_total=max(1, settings.throttle_retries),
-            retry_throttle_backoff_max=max(1, int(settings.throttle_wait)),
+            read_timeout=settings.timeout,
+            retry_total=0,
+            retry_connect=0,
+            retry_read=0,
+            retry_status=0,
             user_agent_suffix="agent-stores",
+            **extra,
         )
 
+    @property
+    def _sdk_resends_writes(self) -> bool:
+        """True for a ready client: its SDK may re-send a write whose reply was lost."""
+        return not self._owns_client
+
+    # -- the retry loop -----------------------------------------------------------------
+
+    @staticmethod
+    def _is_transient(exc: BaseException) -> bool:
+        from azure.core.exceptions import (
+            IncompleteReadError,
+            ServiceRequestError,
+            ServiceResponseError,
+        )
+        from azure.cosmos.exceptions import CosmosHttpResponseError
+
+        if isinstance(exc, CosmosHttpResponseError):
+            status = exc.status_code
+            return status in TRANSIENT_STATUSES or (
+                status == 404 and exc.sub_status == READ_SESSION_NOT_AVAILABLE
+            )
+        if isinstance(exc, ServiceRequestError | ServiceResponseError | IncompleteReadError):
+            return True
+        import aiohttp
+
+        return isinstance(exc, aiohttp.ClientError | ConnectionError | asyncio.TimeoutError)
+
+    @staticmethod
+    def _maybe_applied(exc: BaseException) -> bool:
+        """Could the request that failed with ``exc`` have been applied?
+
+        Only a connection that was never made proves it was not: a dropped connection
+        after the request was written is reported by azure-core as "request not sent"
+        too (``ServiceRequestError`` around aiohttp's ``ServerDisconnectedError``).
+        """
+        from azure.core.exceptions import ServiceRequestError, ServiceRequestTimeoutError
+        from azure.cosmos.exceptions import CosmosHttpResponseError
+
+        if isinstance(exc, CosmosHttpResponseError):
+            return exc.status_code in MAYBE_APPLIED_STATUSES
+        if isinstance(exc, ServiceRequestTimeoutError):
+            return False  # the connection was never made
+        if isinstance(exc, ServiceRequestError):
+            import aiohttp
+
+            return not isinstance(exc.inner_exception, aiohttp.ClientConnectorError)
+        return True
+
+    @staticmethod
+    def _retry_reason(exc: BaseException) -> str:
+        from azure.cosmos.exceptions import CosmosHttpResponseError
+
+        if isinstance(exc, CosmosHttpResponseError):
+            sub = exc.sub_status
+            return f"{exc.status_code}/{sub}" if sub else str(exc.status_code)
+        return "connection"
+
+    @staticmethod
+    def _delay(exc: BaseException, attempt: int) -> float:
+        """Seconds to wait before the next attempt: what a 429 asks for, else backoff."""
+        from azure.cosmos.exceptions import CosmosHttpResponseError
+
+        if isinstance(exc, CosmosHttpResponseError) and exc.headers is not None:
+            raw = exc.headers.get("x-ms-retry-after-ms")
+            if raw is not None:
+                with contextlib.suppress(TypeError, ValueError):
+                    asked = max(0.0, float(raw) / 1000)
+                    return asked + random.uniform(0, asked / 10 + 0.005)
+        step: float = min(BACKOFF_CAP, BACKOFF_BASE * 2.0**attempt)
+        return step / 2 + random.uniform(0, step / 2)
+
+    async def _request(
+        self,
+        action: str,
+        send: Callable[[], Awaitable[T]],
+        *,
+        outcome: _Outcome | None = None,
+    ) -> T:
+        """Run one SDK request, retrying transient failures within the call's budget.
+
+        Non-transient failures (404, 409, 412, 400, …) propagate unchanged for the caller
+        to interpret. ``outcome`` (writes) records whether a failed attempt may have been
+        applied, so a conflict met by a re-send is not taken at face value.
+        """
+        loop = asyncio.get_running_loop()
+        end = _CALL_END.get()
+        attempt = 0
+        while True:
+            scope = asyncio.timeout(None if end is None else end - loop.time())
+            try:
+                async with scope:
+                    return await send()
+            except Exception as exc:
+                if scope.expired():
+                    if outcome is not None:
+                        outcome.maybe_applied = True
+                    raise BackendUnavailableError(
+                        detail=f"{self.describe()}: {action}: no answer within the call's "
+                        f"deadline of {self.deadline_seconds:g} s (?deadline=, ?timeout=)"
+                    ) from exc
+                if not self._is_transient(exc):
+                    raise
+                if outcome is not None and self._maybe_applied(exc):
+                    outcome.maybe_applied = True
+                delay = self._delay(exc, attempt)
+                if attempt >= self.retries or (end is not None and loop.time() + delay >= end):
+                    failure = self._failure(action, exc)
+                    tried = "no retry" if attempt == 0 else f"{attempt + 1} attempts"
+                    raise BackendUnavailableError(
+                        detail=f"{failure.detail} ({tried}; the retry budget is ?retries= "
+                        "within ?deadline=)"
+                    ) from exc
+                self.stats.retried(self._retry_reason(exc))
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    def _unknown(self, action: str, scope: str, key: str) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            detail=f"{self.describe()}: {action} of key {key[:80]!r} in scope {scope[:80]!r}: "
+            "the reply to an earlier attempt was lost and the item has changed since; "
+            "whether this write was applied is unknown"
+        )
+
+    # -- opening and setup --------------------------------------------------------------
+
     async def _ready(self) -> ContainerProxy:
-        """The container, creating client, database and container on first use."""
+        """The container, opened and checked on first use (created only with auto_setup)."""
         self._check_open()
-        if self._container is not None:
+        if self._container is not None and self._verified:
             return self._container
         if self._ready_lock is None:
             self._ready_lock = asyncio.Lock()
         async with self._ready_lock:
             ready: ContainerProxy | None = self._container
-            if ready is not None:  # another task finished while this one waited
+            if ready is not None and self._verified:  # another task finished meanwhile
                 return ready
-            if self._client is None:
-                self._client = self._build_client()
-            assert self._database_name is not None and self._container_name is not None
-            try:
-                container = await self._open_container(self._client)
-            except Exception as exc:
-                raise self._failure("setup", exc) from exc
-            self._container = container
-            return container
+            return await self._open(create=self._auto_setup and self._create_missing)
 
-    async def _open_container(self, client: CosmosClient) -> ContainerProxy:
+    async def _open(self, *, create: bool) -> ContainerProxy:
+        """Connect, create database and container when ``create``, and check them."""
         from azure.cosmos import PartitionKey
         from azure.cosmos.exceptions import CosmosResourceNotFoundError
 
-        assert self._database_name is not None and self._container_name is not None
-        if self._create_missing:
-            database = await client.create_database_if_not_exists(
-                self._database_name, response_hook=self.stats.hook
-            )
-            container = await database.create_container_if_not_exists(
-                self._container_name,
-                partition_key=PartitionKey(path=_PARTITION_PATH, kind="Hash", version=2),
-                default_ttl=-1,
-                indexing_policy=INDEXING_POLICY,
-                response_hook=self.stats.hook,
-            )
-        else:
-            container = client.get_database_client(self._database_name).get_container_client(
-                self._container_name
-            )
         try:
-            properties = await container.read(response_hook=self.stats.hook)
-        except CosmosResourceNotFoundError:
-            raise ConfigError(
-                detail=f"{self.describe()}: container {self._database_name}/"
-                f"{self._container_name} does not exist (create it with partition key "
-                f"{_PARTITION_PATH}, or drop ?create=false)"
-            ) from None
-        self._check_layout(properties)
+            container = self._container
+            if container is None:
+                if self._client is None:
+                    self._client = self._build_client()
+                client = self._client
+                database_name, container_name = self._database_name, self._container_name
+                assert database_name is not None and container_name is not None
+                if create:
+                    database = await self._request(
+                        "setup",
+                        lambda: client.create_database_if_not_exists(
+                            database_name, response_hook=self.stats.hook
+                        ),
+                    )
+                    container = await self._request(
+                        "setup",
+                        lambda: database.create_container_if_not_exists(
+                            container_name,
+                            partition_key=PartitionKey(
+                                path=_PARTITION_PATH, kind="Hash", version=2
+                            ),
+                            default_ttl=-1,
+                            indexing_policy=INDEXING_POLICY,
+                            response_hook=self.stats.hook,
+                        ),
+                    )
+                else:
+                    container = client.get_database_client(database_name).get_container_client(
+                        container_name
+                    )
+            found = container
+            await self._check_account(getattr(found, "client_connection", None))
+            try:
+                properties = await self._request(
+                    "open", lambda: found.read(response_hook=self.stats.hook)
+                )
+            except CosmosResourceNotFoundError:
+                names = (
+                    f"database {self._database_name!r} or its container {self._container_name!r}"
+                    if self._database_name
+                    else f"container {found.id!r}"
+                )
+                raise ContainerMissingError(
+                    detail=f"{self.describe()}: {names} does not exist; create them with "
+                    f'`{SETUP_COMMAND}` (billable: see docs/cosmos.md, "Operating on '
+                    'Azure"), or add ?auto_setup=true to create them on first use'
+                ) from None
+            self._check_layout(properties)
+        except AppError:
+            raise
+        except Exception as exc:
+            raise self._failure("open", exc) from exc
+        self._container = container
+        self._verified = True
         return container
+
+    async def _check_account(self, connection: Any) -> None:
+        """Refuse accounts whose guarantees the store cannot keep (see docs/cosmos.md).
+
+        Weak consistency (Eventual, Consistent Prefix): a reader can see a new session
+        state before the history chunk it references, or miss its own last write. Several
+        write regions: ``If-Match`` is checked in one region only, and concurrent writes
+        are merged by last-writer-wins, so two turns could both win a lease.
+        """
+        get_account = getattr(connection, "GetDatabaseAccount", None)
+        if get_account is None:
+            return
+        account = await self._request("open", lambda: get_account())
+        headers = getattr(connection, "default_headers", None) or {}
+        asked = headers.get("x-ms-consistency-level")
+        policy = getattr(account, "ConsistencyPolicy", None) or {}
+        level = asked or policy.get("defaultConsistencyLevel")
+        if isinstance(level, str) and level.lower() in WEAK_CONSISTENCY:
+            source = "the client asks for" if asked else "the account's default consistency is"
+            raise ConfigError(
+                detail=f"{self.describe()}: {source} {level}; agent-stores needs Session, "
+                "Bounded Staleness or Strong (under weaker levels a reader can see a new "
+                "state before the records it references). Set the account's default "
+                "consistency to Session (az cosmosdb update --default-consistency-level "
+                "Session), and give the client no weaker consistency_level"
+            )
+        writable = list(getattr(account, "WritableLocations", None) or [])
+        if getattr(account, "_EnableMultipleWritableLocations", False) or len(writable) > 1:
+            raise ConfigError(
+                detail=f"{self.describe()}: the account accepts writes in several regions "
+                "(multi-region writes); agent-stores does not support that: If-Match is "
+                "checked in one region only and conflicting writes are merged last-writer-"
+                "wins, so two clients could both win one lease. Use an account with a "
+                "single write region (read regions are fine)"
+            )
 
     def _check_layout(self, properties: Mapping[str, Any]) -> None:
         paths = list((properties.get("partitionKey") or {}).get("paths") or [])
@@ -304,17 +622,38 @@ class CosmosKV(KVStore):
                 detail=f"{self.describe()}: the container is partitioned on {paths}; "
                 f"agent-stores needs partition key path {_PARTITION_PATH}"
             )
+        ttl = properties.get("defaultTtl")
+        fix = (
+            "turn Time to Live on with no default expiry: defaultTtl = -1 (portal: the "
+            "container's Settings, Time to Live: On (no default); or az cosmosdb sql "
+            "container update … --ttl -1)"
+        )
+        if ttl is None:
+            raise ConfigError(
+                detail=f"{self.describe()}: Time to Live is off on the container, so entries "
+                f"with a TTL are never collected; {fix}"
+            )
+        if ttl != -1:
+            raise ConfigError(
+                detail=f"{self.describe()}: the container's defaultTtl is {ttl!r}: every "
+                f"item would be deleted {ttl} s after its last write, sessions and memory "
+                f"included; {fix}"
+            )
 
     async def setup(self) -> None:
-        """Connect, create database and container if allowed, and check the partition key."""
-        container = await self._ready()
-        if self._settings is None and self._client is None:
-            # A ContainerProxy handed in: check its layout once.
-            try:
-                properties = await container.read(response_hook=self.stats.hook)
-            except Exception as exc:
-                raise self._failure("setup", exc) from exc
-            self._check_layout(properties)
+        """Create database and container if allowed (``create``, default true for a URL),
+        then check the partition key, TTL and account. Idempotent; bounded by the deadline.
+        """
+        self._check_open()
+        await within_deadline(self, self._setup())
+
+    @_budgeted
+    async def _setup(self) -> None:
+        if self._ready_lock is None:
+            self._ready_lock = asyncio.Lock()
+        async with self._ready_lock:
+            # A ContainerProxy handed in has no client to create with: it is only checked.
+            await self._open(create=self._create_missing and self._container is None)
 
     async def _aclose(self) -> None:
         if self._owns_client and self._client is not None:
@@ -343,17 +682,18 @@ class CosmosKV(KVStore):
             status = exc.status_code
             if status == 429:
                 return BackendUnavailableError(
-                    detail=f"{where}: request rate too large (HTTP 429) after the SDK's "
-                    "throttling retries; raise the container's throughput or ?throttle_wait="
+                    detail=f"{where}: request rate too large (HTTP 429); raise the "
+                    "container's throughput, or ?deadline= / ?retries="
                 )
             if status in (401, 403):
                 return BackendUnavailableError(
                     detail=f"{where}: the account refused the credentials (HTTP {status}); "
                     "check the key, or the RBAC role 'Cosmos DB Built-in Data Contributor'"
                 )
+            sub = f"/{exc.sub_status}" if exc.sub_status else ""
             message = self._scrub(str(exc.message or "").splitlines()[0] if exc.message else "")
             return BackendUnavailableError(
-                detail=f"{where}: HTTP {status} {message[:200]}".rstrip()
+                detail=f"{where}: HTTP {status}{sub} {message[:200]}".rstrip()
             )
         if isinstance(exc, AzureError | OSError | asyncio.TimeoutError):
             reason = self._scrub(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -388,7 +728,7 @@ class CosmosKV(KVStore):
             "k": layout.to_hex(key),
             "v": layout.encode_value(value),
             "x": None if expires_at is None else float(expires_at),
-            # Unique per write: lets a create recognise its own item.
+            # Unique per write: lets a re-sent create or replace recognise its own write.
             "w": new_version(),
         }
         if expires_at is not None:
@@ -433,11 +773,14 @@ class CosmosKV(KVStore):
 
         container = await self._ready()
         try:
-            item = await container.read_item(
-                layout.item_id(key),
-                partition_key=self._pk(scope),
-                headers=self._read_headers,
-                response_hook=self.stats.hook,
+            item = await self._request(
+                "read",
+                lambda: container.read_item(
+                    layout.item_id(key),
+                    partition_key=self._pk(scope),
+                    headers=self._read_headers,
+                    response_hook=self.stats.hook,
+                ),
             )
         except CosmosResourceNotFoundError:
             return None
@@ -453,19 +796,24 @@ class CosmosKV(KVStore):
 
     # -- primitives ---------------------------------------------------------------------
 
+    @_budgeted
     async def _get(self, scope: str, key: str) -> Entry | None:
         item = await self._read_item(scope, key)
         if item is None:
             return None
         return self._entry(item, scope, item["k"])
 
+    @_budgeted
     async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
         container = await self._ready()
         pk = self._pk(scope)
         wanted = {layout.to_hex(k): k for k in keys}
         try:
-            items = await container.read_items(
-                [(layout.item_id(k), pk) for k in keys], response_hook=self.stats.hook
+            items = await self._request(
+                "get_many",
+                lambda: container.read_items(
+                    [(layout.item_id(k), pk) for k in keys], response_hook=self.stats.hook
+                ),
             )
         except Exception as exc:
             raise self._failure("get_many", exc) from exc
@@ -476,6 +824,7 @@ class CosmosKV(KVStore):
                 out[key] = self._entry(item, scope, item["k"])
         return out
 
+    @_budgeted
     async def _create(
         self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
     ) -> str:
@@ -488,9 +837,14 @@ class CosmosKV(KVStore):
 
         container = await self._ready()
         doc = self._document(scope, key, value, expires_at, now)
+        outcome = _Outcome()
         for _ in range(CREATE_ATTEMPTS):
             try:
-                created = await container.create_item(doc, response_hook=self.stats.hook)
+                created = await self._request(
+                    "create",
+                    lambda: container.create_item(doc, response_hook=self.stats.hook),
+                    outcome=outcome,
+                )
                 return self._version(created)
             except CosmosResourceExistsError:
                 pass
@@ -500,17 +854,25 @@ class CosmosKV(KVStore):
             if existing is None:
                 continue  # deleted since the 409: create again
             if existing.get("w") == doc["w"]:
-                return self._version(existing)
+                return self._version(existing)  # our own earlier attempt: it was applied
             if self._live(existing, now):
+                if outcome.maybe_applied:
+                    raise self._unknown("create", scope, key)
                 raise ConflictError("key exists", scope=scope, key=key)
             # Expired: take it over only while it is still exactly the item we judged.
+            etag = str(existing["_etag"])
             try:
-                replaced = await container.replace_item(
-                    doc["id"],
-                    doc,
-                    etag=existing["_etag"],
-                    match_condition=MatchConditions.IfNotModified,
-                    response_hook=self.stats.hook,
+                replaced = await self._request(
+                    "create",
+                    functools.partial(
+                        container.replace_item,
+                        doc["id"],
+                        doc,
+                        etag=etag,
+                        match_condition=MatchConditions.IfNotModified,
+                        response_hook=self.stats.hook,
+                    ),
+                    outcome=outcome,
                 )
                 return self._version(replaced)
             except (CosmosAccessConditionFailedError, CosmosResourceNotFoundError):
@@ -519,6 +881,7 @@ class CosmosKV(KVStore):
                 raise self._failure("create", exc) from exc
         raise ConflictError("key keeps changing", scope=scope, key=key)
 
+    @_budgeted
     async def _replace(
         self,
         scope: str,
@@ -543,15 +906,27 @@ class CosmosKV(KVStore):
             raise ConflictError("entry expired", scope=scope, key=key)
         container = await self._ready()
         doc = self._document(scope, key, value, expires_at, now)
+        outcome = _Outcome()
         try:
-            replaced = await container.replace_item(
-                doc["id"],
-                doc,
-                etag=etag,
-                match_condition=MatchConditions.IfNotModified,
-                response_hook=self.stats.hook,
+            replaced = await self._request(
+                "replace",
+                lambda: container.replace_item(
+                    doc["id"],
+                    doc,
+                    etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                    response_hook=self.stats.hook,
+                ),
+                outcome=outcome,
             )
         except (CosmosAccessConditionFailedError, CosmosResourceNotFoundError):
+            if outcome.maybe_applied or self._sdk_resends_writes:
+                # A re-send may have met our own earlier, applied attempt: look for our token.
+                current = await self._read_item(scope, key)
+                if current is not None and current.get("w") == doc["w"]:
+                    return self._version(current)
+                if outcome.maybe_applied:
+                    raise self._unknown("replace", scope, key) from None
             raise ConflictError("version mismatch", scope=scope, key=key) from None
         except Exception as exc:
             raise self._failure("replace", exc) from exc
@@ -566,20 +941,30 @@ class CosmosKV(KVStore):
         )
 
         container = await self._ready()
+        outcome = _Outcome()
         try:
-            await container.delete_item(
-                layout.item_id(key),
-                partition_key=self._pk(scope),
-                etag=etag,
-                match_condition=MatchConditions.IfNotModified,
-                response_hook=self.stats.hook,
+            await self._request(
+                "delete",
+                lambda: container.delete_item(
+                    layout.item_id(key),
+                    partition_key=self._pk(scope),
+                    etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                    response_hook=self.stats.hook,
+                ),
+                outcome=outcome,
             )
         except (CosmosAccessConditionFailedError, CosmosResourceNotFoundError):
+            if outcome.maybe_applied:
+                # Gone or changed after a lost reply: ours, or someone else's? A delete
+                # leaves nothing to recognise.
+                raise self._unknown("delete", scope, key) from None
             return False
         except Exception as exc:
             raise self._failure("delete", exc) from exc
         return True
 
+    @_budgeted
     async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
         if expected_version is not None:
             expected = layout.parse_version(expected_version)
@@ -612,7 +997,8 @@ class CosmosKV(KVStore):
         page: int,
     ) -> list[dict[str, Any]]:
         container = await self._ready()
-        try:
+
+        async def run() -> list[dict[str, Any]]:
             if partition_key is not None:
                 iterator = container.query_items(
                     query,
@@ -630,9 +1016,13 @@ class CosmosKV(KVStore):
                     response_hook=self.stats.hook,
                 )
             return [dict(row) async for row in iterator]
+
+        try:
+            return await self._request(action, run)
         except Exception as exc:
             raise self._failure(action, exc) from exc
 
+    @_budgeted
     async def _scan(
         self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
     ) -> list[ScanItem]:
@@ -672,6 +1062,7 @@ class CosmosKV(KVStore):
             items.append(ScanItem(key, entry))
         return items
 
+    @_budgeted
     async def _scopes(
         self, prefix: str, start_after: str | None, limit: int, now: float
     ) -> list[str]:
@@ -717,6 +1108,7 @@ class CosmosKV(KVStore):
                 break
         return found
 
+    @_budgeted
     async def _drop_scope(self, scope: str) -> int:
         from azure.cosmos.exceptions import CosmosResourceNotFoundError
 
@@ -727,8 +1119,11 @@ class CosmosKV(KVStore):
         async def remove(item_id: str) -> int:
             async with gate:
                 try:
-                    await container.delete_item(
-                        item_id, partition_key=pk, response_hook=self.stats.hook
+                    await self._request(
+                        "drop_scope",
+                        lambda: container.delete_item(
+                            item_id, partition_key=pk, response_hook=self.stats.hook
+                        ),
                     )
                 except CosmosResourceNotFoundError:
                     return 0
@@ -760,4 +1155,4 @@ def _pop_clock(options: dict[str, Any]) -> Clock | None:
     return cast("Clock | None", clock)
 
 
-__all__ = ["INDEXING_POLICY", "CosmosKV", "RequestStats"]
+__all__ = ["INDEXING_POLICY", "ContainerMissingError", "CosmosKV", "RequestStats"]

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
+    from agent_stores.faults import FaultInjector
     from agent_stores.kv.base import KVStore
+    from agent_stores.url import StoreURL
 
 FACTORY = "agent_stores_cosmos.kv:CosmosKV.from_url"
 
@@ -44,3 +46,30 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     from .kv import CosmosKV
 
     return CosmosKV.from_client(client, **options)
+
+
+@hookimpl
+def fault_injector(url: StoreURL) -> FaultInjector | None:
+    """Azure Cosmos DB's routine faults at the azure-core transport, for ``cosmos://`` URLs.
+
+    See :mod:`agent_stores_cosmos.faults` for the faults and operations it offers.
+    """
+    if url.scheme != "cosmos":
+        return None
+    from .faults import CosmosFaultInjector
+
+    return CosmosFaultInjector()
+
+
+@hookimpl
+def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
+    """``url`` through a TCP proxy at ``host:port`` (endpoint discovery off, or the SDK
+    would follow the account's regional endpoints around the proxy).
+
+    Over TLS the proxy must be on loopback: the SDK skips certificate checks only for
+    127.0.0.1 and localhost, and the certificate names the account. A URL without a host
+    (the endpoint in ``$AZURE_COSMOS_CONNECTION_STRING``) is not proxied.
+    """
+    if url.scheme != "cosmos" or not url.host:
+        return None
+    return url.set(host=host, port=port).with_query(endpoint_discovery="false")
