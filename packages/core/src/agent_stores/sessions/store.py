@@ -577,6 +577,7 @@ class SessionStore(KVBackedStore):
         try:
             while True:
                 self._check_open()
+                attempt_started = loop.time()
                 try:
                     if ticket is not None:
                         ticket = await self.storage.keep_ticket(session_id, ticket)
@@ -600,7 +601,10 @@ class SessionStore(KVBackedStore):
                 except TransientStoreError:
                     # Retrying with the same owner token is safe: if the lost answer was a
                     # successful acquire, the next attempt finds our own lease and continues.
-                    if loop.time() + delay >= deadline:
+                    # No attempt starts that would likely end past the turn's timeout: one
+                    # that ran into the backend's deadline would take as long again.
+                    took = loop.time() - attempt_started
+                    if loop.time() + max(delay, took) >= deadline:
                         raise
                     telemetry.record_retry("session.acquire", self.kv)
                     await asyncio.sleep(delay * random.uniform(0.5, 1.0))
