@@ -6,7 +6,7 @@ reject a URL without loading the driver.
 URL form (libpq's)::
 
     postgresql://user:password@host:5432/dbname?schema=agents&table=agent_stores
-        &min_size=1&max_size=10&pool_timeout=10&auto_setup=true&sslmode=require
+        &min_size=1&max_size=10&pool_timeout=10&deadline=20&auto_setup=true&sslmode=require
 
 Query options the store understands are listed in :data:`STORE_OPTIONS`; every other
 query option is handed to libpq unchanged (``sslmode``, ``connect_timeout``,
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_stores.errors import ConfigError
-from agent_stores.kv.base import MIN_VALUE_BYTES
+from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS, MIN_VALUE_BYTES
 from agent_stores.url import StoreURL
 
 DEFAULT_SCHEMA = "public"
@@ -30,7 +30,11 @@ DEFAULT_TABLE = "agent_stores"
 DEFAULT_MIN_SIZE = 1
 DEFAULT_MAX_SIZE = 10
 DEFAULT_POOL_TIMEOUT = 10.0
-DEFAULT_CONNECT_TIMEOUT = "10"
+#: libpq's ``connect_timeout`` (whole seconds; libpq treats less than 2 as 2) when the
+#: deadline leaves room for it: half the deadline, so a call can still report the failure.
+DEFAULT_CONNECT_TIMEOUT = 10
+MIN_CONNECT_TIMEOUT = 2
+MAX_DEADLINE = 3600.0
 DEFAULT_APPLICATION_NAME = "agent-stores"
 #: 4 MiB: far below PostgreSQL's 1 GB ``bytea`` ceiling, large enough that stores chunk
 #: rarely, small enough that one value never pins much memory in a pool connection.
@@ -47,6 +51,7 @@ STORE_OPTIONS = frozenset(
         "min_size",
         "max_size",
         "pool_timeout",
+        "deadline",
         "auto_setup",
         "max_value_bytes",
         "purge_interval",
@@ -100,12 +105,19 @@ class PostgresConfig:
     min_size: int = DEFAULT_MIN_SIZE
     max_size: int = DEFAULT_MAX_SIZE
     pool_timeout: float = DEFAULT_POOL_TIMEOUT
+    #: The most one store call may take, retries included (``?deadline=``).
+    deadline: float = DEFAULT_DEADLINE_SECONDS
     auto_setup: bool = True
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     purge_interval: float = DEFAULT_PURGE_INTERVAL
     prepare_threshold: int | None = 5
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.deadline) and 0 < self.deadline <= MAX_DEADLINE):
+            raise ConfigError(
+                detail=f"postgresql: deadline must be in (0, {MAX_DEADLINE:g}] seconds, "
+                f"got {self.deadline}"
+            )
         validate_identifier("schema", self.schema, MAX_SCHEMA_CHARS)
         validate_identifier("table", self.table, MAX_TABLE_PREFIX_CHARS)
         if self.min_size < 0 or self.max_size < 1 or self.min_size > self.max_size:
@@ -168,11 +180,20 @@ class PostgresConfig:
             if name not in STORE_OPTIONS:
                 conninfo[name] = value
         conninfo.setdefault("application_name", DEFAULT_APPLICATION_NAME)
-        conninfo.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT)
         kwargs = _store_options(url)
         kwargs.update(overrides)
+        deadline = float(kwargs.get("deadline", DEFAULT_DEADLINE_SECONDS))
+        conninfo.setdefault("connect_timeout", str(default_connect_timeout(deadline)))
+        kwargs.setdefault("pool_timeout", min(DEFAULT_POOL_TIMEOUT, deadline))
         display = url.without_query(*(k for k in STORE_OPTIONS if k not in {"schema", "table"}))
         return cls(conninfo=conninfo, display=display.render(), **kwargs)
+
+
+def default_connect_timeout(deadline: float) -> int:
+    """libpq's ``connect_timeout`` default for a deadline: half of it, 2 to 10 seconds."""
+    if not math.isfinite(deadline):
+        return DEFAULT_CONNECT_TIMEOUT
+    return max(MIN_CONNECT_TIMEOUT, min(DEFAULT_CONNECT_TIMEOUT, int(deadline / 2)))
 
 
 def libpq_keywords() -> frozenset[str]:
@@ -192,7 +213,7 @@ def _store_options(url: StoreURL) -> dict[str, Any]:
     for name in ("min_size", "max_size", "max_value_bytes"):
         if url.query_get(name) is not None:
             kwargs[name] = url.int_option(name, 0)
-    for name in ("pool_timeout", "purge_interval"):
+    for name in ("pool_timeout", "purge_interval", "deadline"):
         if url.query_get(name) is not None:
             kwargs[name] = url.float_option(name, None)
     if url.query_get("auto_setup") is not None:

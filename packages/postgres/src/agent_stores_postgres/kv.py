@@ -29,6 +29,16 @@ may have been applied. Instead the key is read back on a fresh connection:
 Dead pooled connections (terminated backend, server restart) are detected before any
 statement is sent on them (see :mod:`agent_stores_postgres.pool`), so the ambiguous case
 is limited to a connection that dies while a statement is in flight.
+
+A statement the server rolled back for a serialization failure (40001) or a deadlock
+(40P01) certainly did not apply, so it is re-sent, a few times with jittered backoff,
+and then reported as :class:`~agent_stores.errors.BackendUnavailableError` with the cause.
+
+Deadline. Every call, retries and read-backs included, ends within ``deadline_seconds``
+(``?deadline=``, 20 s by default): the core bounds the public KV calls, and this module
+bounds the rest (the native ports' statements, ``setup``, ``schema_version``, purges).
+libpq's ``connect_timeout`` and the pool's ``pool_timeout`` default to fit inside it. A
+statement cut off by the deadline closes its connection (see :mod:`.pool`).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import fields
@@ -65,6 +76,7 @@ from agent_stores.kv.base import (
     ScanItem,
     new_version,
     prefix_upper_bound,
+    within_deadline,
 )
 from agent_stores.url import StoreURL
 from psycopg import AsyncConnection, AsyncCursor, sql
@@ -72,7 +84,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .config import PostgresConfig
-from .pool import LoopBoundPool
+from .pool import LoopBoundPool, WriteCursorConnection
 from .schema import SCHEMA_VERSION, SchemaVersionError, TableNames, check_server, read_version
 from .schema import setup_schema as _setup_schema
 
@@ -82,6 +94,9 @@ T = TypeVar("T")
 
 PURGE_BATCH = 1000
 _COMMIT_RETRIES = 5
+#: Re-sends of a statement the server rolled back (40001 serialization failure, 40P01
+#: deadlock): it certainly did not apply. Backoff 10 ms, 20 ms, … (jittered).
+ROLLED_BACK_RETRIES = 5
 _LIVE: LiteralString = "(expires_at IS NULL OR expires_at > %s)"
 
 
@@ -92,6 +107,14 @@ class _ConnectionLost(Exception):
         super().__init__(str(cause))
         self.cause = cause
         self.sent = sent
+
+
+class _RolledBack(Exception):
+    """Internal: the server rolled the statement back (40001, 40P01): safe to re-send."""
+
+    def __init__(self, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _Statements:
@@ -204,9 +227,11 @@ class PostgresKV(KVStore):
         *,
         pool: AsyncConnectionPool[Any] | None = None,
         clock: Clock | None = None,
+        connection_class: type[WriteCursorConnection] = WriteCursorConnection,
     ) -> None:
         super().__init__(clock=clock)
         self.config = config
+        self.deadline_seconds = config.deadline
         self.names = TableNames(config.schema, config.table)
         self.limits = KVLimits(max_value_bytes=config.max_value_bytes)
         self._sql = _Statements(self.names)
@@ -223,6 +248,7 @@ class PostgresKV(KVStore):
                 max_size=config.max_size,
                 timeout=config.pool_timeout,
                 name=f"agent-stores-{config.schema}.{config.table}",
+                connection_class=connection_class,
             )
         else:
             self._pools = LoopBoundPool(external=pool)
@@ -317,8 +343,12 @@ class PostgresKV(KVStore):
                 except psycopg.Error as exc:
                     if conn.closed:
                         raise _ConnectionLost(exc) from exc
+                    if isinstance(
+                        exc, psycopg.errors.SerializationFailure | psycopg.errors.DeadlockDetected
+                    ):
+                        raise _RolledBack(exc) from exc
                     raise
-        except (_ConnectionLost, AppError):
+        except (_ConnectionLost, _RolledBack, AppError):
             raise
         except psycopg.Error as exc:
             raise self._error(action, exc) from exc
@@ -330,7 +360,30 @@ class PostgresKV(KVStore):
         *,
         check_ready: bool = True,
     ) -> T:
-        """Run ``fn`` once; a connection that broke before ``fn`` sent anything is replaced once."""
+        """Run ``fn`` once; a connection that broke before ``fn`` sent anything is replaced
+        once, and a statement the server rolled back (40001, 40P01) is re-sent a few times."""
+        for attempt in range(ROLLED_BACK_RETRIES + 1):
+            try:
+                return await self._attempt_once(action, fn, check_ready=check_ready)
+            except _RolledBack as rolled_back:
+                if attempt >= ROLLED_BACK_RETRIES:
+                    raise self._error(action, rolled_back.cause) from rolled_back.cause
+                log.debug(
+                    "%s: %s rolled back by the server (%s); re-sending",
+                    self.describe(),
+                    action,
+                    rolled_back.cause.sqlstate,
+                )
+                await asyncio.sleep(0.01 * 2**attempt * random.uniform(0.5, 1.0))
+        raise AssertionError("unreachable")
+
+    async def _attempt_once(
+        self,
+        action: str,
+        fn: Callable[[AsyncConnection[Any]], Awaitable[T]],
+        *,
+        check_ready: bool,
+    ) -> T:
         try:
             async with self._connection(action, check_ready=check_ready) as conn:
                 return await fn(conn)
@@ -401,21 +454,44 @@ class PostgresKV(KVStore):
         await self._pools.aclose()
 
     async def run_native_write(
-        self, action: str, fn: Callable[[AsyncConnection[Any]], Awaitable[T]]
+        self,
+        action: str,
+        fn: Callable[[AsyncConnection[Any]], Awaitable[T]],
+        *,
+        confirm: Callable[[], Awaitable[T | None]] | None = None,
     ) -> T:
-        """Run a native multi-row statement (the session fast path) on a ready connection.
+        """Run a native multi-row statement (the ports' fast paths) on a ready connection,
+        within the store's deadline.
 
-        Same error handling as the primitives; it is sent once, and a connection that
-        breaks while it is in flight raises :class:`BackendUnavailableError` (outcome
-        unknown) for the caller to resolve by reading.
+        Same error handling as the primitives; it is sent once (again only when the server
+        rolled it back). When the connection breaks while it is in flight, ``confirm``
+        (if given) reads back whether the statement applied and returns its result, or
+        None when it cannot tell; otherwise :class:`BackendUnavailableError` (outcome
+        unknown) is raised for the caller to resolve by reading.
         """
         self._check_open()
+        return await within_deadline(self, self._native_write(action, fn, confirm))
+
+    async def _native_write(
+        self,
+        action: str,
+        fn: Callable[[AsyncConnection[Any]], Awaitable[T]],
+        confirm: Callable[[], Awaitable[T | None]] | None,
+    ) -> T:
         try:
             result = await self._attempt(action, fn)
         except _ConnectionLost as lost:
-            raise self._outcome_unknown(action, lost) from lost.cause
+            confirmed = None if confirm is None else await confirm()
+            if confirmed is None:
+                raise self._outcome_unknown(action, lost) from lost.cause
+            result = confirmed
         self._after_write()
         return result
+
+    async def version_of(self, action: str, scope: str, key: str) -> str | None:
+        """The stored version of ``(scope, key)``, expired or not (for confirming a native
+        write whose reply was lost: versions are never reused)."""
+        return await self._version_of(action, scope, key)
 
     # -- administration -------------------------------------------------------------------
 
@@ -431,14 +507,17 @@ class PostgresKV(KVStore):
         async def run(conn: AsyncConnection[Any]) -> None:
             await _setup_schema(conn, schema=self.names.schema, table=self.names.table)
 
-        await self._idempotent("setup", run, check_ready=False)
+        await within_deadline(self, self._idempotent("setup", run, check_ready=False))
         self._ready = True
 
     async def schema_version(self) -> int:
         """The schema version in the database (0: not set up)."""
         self._check_open()
-        return await self._idempotent(
-            "schema_version", lambda c: read_version(c, self.names), check_ready=False
+        return await within_deadline(
+            self,
+            self._idempotent(
+                "schema_version", lambda c: read_version(c, self.names), check_ready=False
+            ),
         )
 
     async def purge_expired(self) -> int:
@@ -456,7 +535,7 @@ class PostgresKV(KVStore):
             cur = await conn.execute(self._sql.purge_batch, (now, PURGE_BATCH, now))
             return cur.rowcount
 
-        return await self._idempotent("purge", run)
+        return await within_deadline(self, self._idempotent("purge", run))
 
     def _after_write(self) -> None:
         """Opportunistic purge: at most one background batch per ``purge_interval``."""

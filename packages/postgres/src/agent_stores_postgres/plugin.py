@@ -15,9 +15,11 @@ from agent_stores.hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
     from agent_stores.checkpointer.port import JournalPort
+    from agent_stores.faults import FaultInjector
     from agent_stores.kv.base import KVStore
     from agent_stores.memory.port import MemoryPort
     from agent_stores.sessions.port import SessionPort
+    from agent_stores.url import StoreURL
 
     from .kv import PostgresKV
 
@@ -80,3 +82,26 @@ def journal_port(kv: KVStore) -> JournalPort | None:
     from .ports import PostgresJournalPort
 
     return PostgresJournalPort(postgres_kv)
+
+
+_SCHEMES = frozenset({"postgresql", "postgres"})
+
+
+@hookimpl
+def fault_injector(url: StoreURL) -> FaultInjector | None:
+    """A :class:`~agent_stores_postgres.faults.PostgresFaultInjector` for a PostgreSQL URL
+    (40001, 40P01, 57P01, 08006, lost reply after COMMIT, blackhole)."""
+    if url.scheme not in _SCHEMES:
+        return None
+    from .faults import PostgresFaultInjector
+
+    return PostgresFaultInjector()
+
+
+@hookimpl
+def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
+    """``url`` through a TCP proxy at ``host:port`` (libpq's ``host``/``hostaddr``/``port``
+    query options dropped, so the proxy is the only address)."""
+    if url.scheme not in _SCHEMES:
+        return None
+    return url.without_query("host", "hostaddr", "port").set(host=host, port=port)

@@ -25,7 +25,17 @@ reports each failed connect, and that failure (connection refused, unknown host,
 missing role, a rejected password, a bad ``sslmode``) is raised to every caller waiting
 at that moment, within libpq's ``connect_timeout``. A caller arriving while the last
 attempt failed and no connection is open makes one fresh attempt itself (one at a time),
-so it gets the current cause rather than waiting for the pool's next backoff retry.
+so it gets the current cause rather than waiting for the pool's next backoff retry; so
+does a caller that sees an attempt fail which began before it arrived (begun while the
+server was away, it says nothing of the server now). A connection such a fresh attempt
+opens serves that caller and is closed afterwards, so a server that came back is used at
+once rather than after the pool's backoff.
+
+A statement cut off by a deadline (its task cancelled) closes its connection at once
+(:meth:`WriteCursorConnection.wait`): the pool then discards it, so a connection with a
+statement still in flight is never handed out again, and a silent server cannot hold the
+cancelled call (psycopg's own handling first asks the server to cancel the statement and
+waits for it, up to 10 s).
 """
 
 from __future__ import annotations
@@ -33,15 +43,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import select
+import time
 import traceback
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import psycopg
-from psycopg import AsyncConnection, AsyncCursor, pq
+from psycopg import AsyncConnection, AsyncCursor, pq, waiting
+from psycopg.abc import PQGen
 from psycopg_pool import AsyncConnectionPool
+
+RV = TypeVar("RV")
+
+#: psycopg's own polling interval for its waits.
+WAIT_INTERVAL = 0.1
 
 
 def connection_is_dead(conn: AsyncConnection[Any]) -> bool:
@@ -72,30 +89,32 @@ class ConnectFailures:
 
     ``last`` is the most recent failure since the last successful connect (None when the
     last attempt worked). Waiters :meth:`watch` a future that resolves with the next
-    failure.
+    failure and the (monotonic) time its attempt began.
     """
 
     def __init__(self) -> None:
         self.last: BaseException | None = None
-        self._waiters: set[asyncio.Future[BaseException]] = set()
+        self._waiters: set[asyncio.Future[tuple[BaseException, float]]] = set()
         self.probe_lock = asyncio.Lock()
 
-    def report(self, exc: BaseException) -> None:
+    def report(self, exc: BaseException, started: float) -> None:
         self.last = exc
         for waiter in self._waiters:
             if not waiter.done():
-                waiter.set_result(exc)
+                waiter.set_result((exc, started))
         self._waiters.clear()
 
     def connected(self) -> None:
         self.last = None
 
-    def watch(self) -> asyncio.Future[BaseException]:
-        waiter: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    def watch(self) -> asyncio.Future[tuple[BaseException, float]]:
+        waiter: asyncio.Future[tuple[BaseException, float]] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._waiters.add(waiter)
         return waiter
 
-    def unwatch(self, waiter: asyncio.Future[BaseException]) -> None:
+    def unwatch(self, waiter: asyncio.Future[tuple[BaseException, float]]) -> None:
         self._waiters.discard(waiter)
 
 
@@ -108,6 +127,26 @@ class WriteCursorConnection(AsyncConnection[Any]):
     """
 
     _write_cursor: AsyncCursor[Any] | None = None
+
+    async def wait(
+        self,
+        gen: PQGen[RV],
+        interval: float = WAIT_INTERVAL,
+        timeout: float | None = None,  # noqa: ASYNC109 (psycopg's signature)
+    ) -> RV:
+        """psycopg's wait for a request's reply, except when the caller is cancelled.
+
+        Cancelled (a deadline ran out), the connection is closed at once: its statement's
+        outcome is unknown, the pool discards a closed connection, and a server that went
+        silent cannot hold the caller (psycopg would ask the server to cancel, then wait).
+        """
+        try:
+            return await waiting.wait_async(
+                gen, self.pgconn.socket, interval=interval, timeout=timeout
+            )
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            self.pgconn.finish()
+            raise
 
     def write_cursor(self) -> AsyncCursor[Any]:
         cursor = self._write_cursor
@@ -124,20 +163,24 @@ def write_cursor(conn: AsyncConnection[Any]) -> AsyncCursor[Any]:
     return conn.cursor()
 
 
-def reporting_connection_class(failures: ConnectFailures) -> type[AsyncConnection[Any]]:
-    """An ``AsyncConnection`` whose failed ``connect`` is reported to ``failures``.
+def reporting_connection_class(
+    failures: ConnectFailures, base: type[WriteCursorConnection] = WriteCursorConnection
+) -> type[AsyncConnection[Any]]:
+    """An ``AsyncConnection`` (a subclass of ``base``) whose failed ``connect`` is reported
+    to ``failures``.
 
     Passed to the pool as its documented ``connection_class``; the pool itself only logs
     these errors, which is why they are captured here.
     """
 
-    class ReportingConnection(WriteCursorConnection):
+    class ReportingConnection(base):  # type: ignore[valid-type,misc]
         @classmethod
         async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+            started = time.monotonic()
             try:
-                conn = await super().connect(conninfo, **kwargs)
+                conn: Self = await super().connect(conninfo, **kwargs)
             except psycopg.Error as exc:
-                failures.report(exc)
+                failures.report(exc, started)
                 raise
             except asyncio.CancelledError as exc:
                 # Cancelled mid-handshake (its loop shutting down): the half-open socket
@@ -184,7 +227,9 @@ class LoopBoundPool:
         timeout: float = 10.0,
         name: str = "agent-stores",
         external: AsyncConnectionPool[Any] | None = None,
+        connection_class: type[WriteCursorConnection] = WriteCursorConnection,
     ) -> None:
+        self._connection_class = connection_class
         self._conninfo = conninfo
         self._kwargs = dict(kwargs or {})
         self._min_size = min_size
@@ -194,6 +239,8 @@ class LoopBoundPool:
         self._external = external
         self._generation: _Generation | None = None
         self._closed = False
+        #: connections opened by a fresh attempt outside the pool: closed after use
+        self._unpooled: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
 
     @property
     def max_size(self) -> int:
@@ -258,7 +305,7 @@ class LoopBoundPool:
             timeout=self._timeout,
             name=self._name,
             configure=configure,
-            connection_class=reporting_connection_class(failures),
+            connection_class=reporting_connection_class(failures, self._connection_class),
             open=False,
         )
         return pool
@@ -297,6 +344,13 @@ class LoopBoundPool:
             if restore_autocommit and not conn.closed:
                 with contextlib.suppress(psycopg.Error):
                     await conn.set_autocommit(False)
+            await self._give_back(pool, conn)
+
+    async def _give_back(self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any]) -> None:
+        if conn in self._unpooled:
+            self._unpooled.discard(conn)
+            await conn.close()
+        else:
             await pool.putconn(conn)
 
     async def _get_live(self, pool: AsyncConnectionPool[Any]) -> AsyncConnection[Any]:
@@ -309,7 +363,7 @@ class LoopBoundPool:
             # Closed, the pool drops the connection and opens a new one.
             if not conn.closed:
                 await conn.close()
-            await pool.putconn(conn)
+            await self._give_back(pool, conn)
         conn = await self._getconn(pool)
         return conn
 
@@ -326,38 +380,64 @@ class LoopBoundPool:
             # no connect failure to watch for (and no task, no extra loop iterations).
             conn_idle: AsyncConnection[Any] = await pool.getconn()
             return conn_idle
+        arrived = time.monotonic()
         failed = failures.watch()
         getting = asyncio.ensure_future(pool.getconn())
+        probed: AsyncConnection[Any] | None = None
         try:
             if failures.last is not None and not _any_open(generation.connections):
                 # The last attempt failed and nothing is open: the pool retries only after
                 # its backoff, so find out now whether the server is reachable again.
-                await self._probe(pool, failures)
-            await asyncio.wait({getting, failed}, return_when=asyncio.FIRST_COMPLETED)
+                probed = await self._probe(pool, failures)
+            while probed is None:
+                await asyncio.wait({getting, failed}, return_when=asyncio.FIRST_COMPLETED)
+                if getting.done() or failed.result()[1] >= arrived:
+                    break
+                # An attempt begun before this call failed: it may have met the server
+                # while it was away. Only an attempt of this call's own time decides.
+                failures.unwatch(failed)
+                failed = failures.watch()
+                probed = await self._probe(pool, failures)
         except BaseException:
+            if probed is not None:
+                await probed.close()
             await _abandon(pool, getting)
             raise
         finally:
             failures.unwatch(failed)
+        if probed is not None:
+            conn_pooled = await _abandon(pool, getting, keep=True)
+            if conn_pooled is not None:
+                await probed.close()
+                return conn_pooled
+            self._unpooled.add(probed)
+            generation.connections.add(probed)
+            return probed
         if getting.done():
             got: AsyncConnection[Any] = getting.result()
             return got
         conn_late = await _abandon(pool, getting, keep=True)
         if conn_late is not None:
             return conn_late
-        raise _fresh_error(failed.result())
+        raise _fresh_error(failed.result()[0])
 
-    async def _probe(self, pool: AsyncConnectionPool[Any], failures: ConnectFailures) -> None:
-        """One connect attempt outside the pool; its outcome goes to ``failures``."""
+    async def _probe(
+        self, pool: AsyncConnectionPool[Any], failures: ConnectFailures
+    ) -> AsyncConnection[Any] | None:
+        """One connect attempt outside the pool (its failure goes to ``failures``): the
+        connection, or None (failed, or someone is probing already: their result reaches
+        every waiter)."""
         if failures.probe_lock.locked():
-            return  # someone is probing already; their result reaches every waiter
+            return None
         async with failures.probe_lock:
             kwargs = dict(self._kwargs)
             try:
-                conn = await pool.connection_class.connect(self._conninfo, **kwargs)
+                conn: AsyncConnection[Any] = await pool.connection_class.connect(
+                    self._conninfo, **kwargs
+                )
             except psycopg.Error:
-                return  # reported by the connection class
-            await conn.close()
+                return None  # reported by the connection class
+            return conn
 
     async def aclose(self) -> None:
         """Close the pool this object created (never a borrowed one). Idempotent."""

@@ -9,8 +9,10 @@
   position counter, create the entry unless its idempotency key exists) is one statement.
 
 Both are handed to the core stores by this package's ``memory_store`` / ``checkpointer``
-hooks. A statement whose connection breaks mid-flight surfaces as an unknown outcome
-(``BACKEND_UNAVAILABLE``); retrying with the same operation replays.
+hooks. A statement whose connection breaks mid-flight (a lost reply) is confirmed by
+reading back the record it wrote: the new version there means it applied (versions are
+never reused). Otherwise the outcome is unknown (``BACKEND_UNAVAILABLE``); retrying with
+the same operation replays.
 """
 
 from __future__ import annotations
@@ -218,7 +220,11 @@ class PostgresMemoryPort:
             assert row is not None
             return bool(row[0]), bool(row[1])
 
-        done, taken = await kv.run_native_write("memory write", run)
+        async def confirm() -> tuple[bool, bool] | None:
+            found = await kv.version_of("memory write", write.scope, write.key)
+            return (True, False) if found == version else None
+
+        done, taken = await kv.run_native_write("memory write", run, confirm=confirm)
         if not done:
             if taken and index is not None:
                 raise ConflictError("operation already indexed", scope=index.scope, key=index.key)
@@ -266,7 +272,13 @@ class PostgresJournalPort:
             assert row is not None
             return tuple(row)
 
-        moved, created, value, existing_version = await kv.run_native_write("journal append", run)
+        async def confirm() -> tuple[Any, ...] | None:
+            found = await kv.version_of("journal append", request.scope, request.key)
+            return (True, True, None, None) if found == version else None
+
+        moved, created, value, existing_version = await kv.run_native_write(
+            "journal append", run, confirm=confirm
+        )
         if value is not None:
             return AppendOutcome(None, None, Entry(bytes(value), str(existing_version), None))
         if not moved:

@@ -270,7 +270,12 @@ class PostgresSessionPort:
             assert row is not None
             return int(row[0]), int(row[1])
 
-        swapped, inserted = await self.kv.run_native_write("session save", run)
+        async def confirm() -> tuple[int, int] | None:
+            # The new state version there means this very statement applied (with its chunks).
+            found = await self.kv.version_of("session save", request.scope, STATE_KEY)
+            return (1, len(keys)) if found == version else None
+
+        swapped, inserted = await self.kv.run_native_write("session save", run, confirm=confirm)
         if not swapped:
             raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
         assert inserted == len(keys)

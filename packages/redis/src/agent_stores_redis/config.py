@@ -8,8 +8,9 @@ Forms (see ``docs/redis.md``):
 * ``redis+cluster://host:port`` / ``rediss+cluster://host:port`` — Redis Cluster
   (``redis://…?cluster=true`` is the same thing).
 
-Query options: ``prefix``, ``db``, ``socket_timeout``, ``socket_connect_timeout``,
-``client_name``, ``max_connections``, ``retries``, ``max_value_bytes``, ``cluster``,
+Query options: ``prefix``, ``db``, ``deadline``, ``socket_timeout``,
+``socket_connect_timeout``, ``client_name``, ``max_connections``, ``retries``,
+``max_value_bytes``, ``cluster``,
 ``node`` (extra cluster startup node, repeatable), ``password`` / ``username`` (for
 ``unix://``), and for TLS ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``,
 ``ssl_keyfile``, ``ssl_check_hostname``. Unknown options are an error, so a typo never
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_stores.errors import ConfigError
+from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
 from agent_stores.url import StoreURL
 
 DEFAULT_PREFIX = "agent-stores"
@@ -31,7 +33,11 @@ DEFAULT_MAX_VALUE_BYTES = 8 << 20
 #: Redis's own bulk-string ceiling (``proto-max-bulk-len`` default): nothing larger fits.
 HARD_MAX_VALUE_BYTES = 512 << 20
 DEFAULT_RETRIES = 3
+#: The socket (read and connect) timeout when the deadline leaves room for it: each of the
+#: ``retries + 1`` attempts gets ``deadline / (retries + 1)`` seconds, at most this.
 DEFAULT_TIMEOUT = 5.0
+#: The fewest seconds ``?deadline=`` accepts.
+MIN_DEADLINE = 0.1
 
 STANDALONE_SCHEMES = frozenset({"redis", "rediss", "unix"})
 CLUSTER_SCHEMES = frozenset({"redis+cluster", "rediss+cluster"})
@@ -48,6 +54,7 @@ KNOWN_OPTIONS = frozenset(
     {
         "prefix",
         "db",
+        "deadline",
         "socket_timeout",
         "socket_connect_timeout",
         "client_name",
@@ -84,6 +91,8 @@ class RedisSettings:
     prefix: str = DEFAULT_PREFIX
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     retries: int = DEFAULT_RETRIES
+    #: the most one store call may take, retries included (``?deadline=``)
+    deadline: float = DEFAULT_DEADLINE_SECONDS
     startup_nodes: tuple[tuple[str, int], ...] = ()
     #: keyword arguments for ``redis.asyncio.Redis`` / ``RedisCluster`` (secrets included)
     client_kwargs: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -156,9 +165,15 @@ def _auth(url: StoreURL) -> dict[str, Any]:
     return kwargs
 
 
-def _connection_options(url: StoreURL) -> dict[str, Any]:
+def default_timeout(deadline: float, retries: int) -> float:
+    """The socket timeouts' default: every attempt of one call fits in the deadline."""
+    return min(DEFAULT_TIMEOUT, deadline / (retries + 1))
+
+
+def _connection_options(url: StoreURL, deadline: float, retries: int) -> dict[str, Any]:
+    timeout = default_timeout(deadline, retries)
     kwargs: dict[str, Any] = {
-        name: url.float_option(name, DEFAULT_TIMEOUT, minimum=0.001)
+        name: url.float_option(name, timeout, minimum=0.001)
         for name in ("socket_timeout", "socket_connect_timeout")
     }
     client_name = url.query_get("client_name")
@@ -205,7 +220,14 @@ def parse_url(url: StoreURL | str) -> RedisSettings:
     url.check_query(*KNOWN_OPTIONS)
     cluster = _is_cluster(url)
     db = _database(url, cluster)
-    kwargs = {**_address(url), **_auth(url), **_connection_options(url), **_tls(url)}
+    deadline = url.float_option("deadline", DEFAULT_DEADLINE_SECONDS, minimum=MIN_DEADLINE)
+    retries = url.int_option("retries", DEFAULT_RETRIES, minimum=0)
+    kwargs = {
+        **_address(url),
+        **_auth(url),
+        **_connection_options(url, deadline, retries),
+        **_tls(url),
+    }
     if not cluster:
         kwargs["db"] = db or 0
     nodes = tuple(_host_port(text, url) for text in url.query_all("node"))
@@ -219,7 +241,8 @@ def parse_url(url: StoreURL | str) -> RedisSettings:
         cluster=cluster,
         prefix=check_prefix(url.query_get("prefix", DEFAULT_PREFIX) or ""),
         max_value_bytes=max_value,
-        retries=url.int_option("retries", DEFAULT_RETRIES, minimum=0),
+        retries=retries,
+        deadline=deadline,
         startup_nodes=nodes,
         client_kwargs=kwargs,
     )

@@ -7,10 +7,21 @@ atomically by the server, called by SHA. All keys of a scope share a hash tag (s
 Connection errors and timeouts become :class:`~agent_stores.errors.BackendUnavailableError`
 with the URL redacted. Pooled connections are checked before use and transient failures
 are retried a few times (``?retries=``), so after a server restart the next operation
-works without recreating the store. A retried write is safe: it carries its fresh
-version, and a script that finds that version already stored reports success. When a
-reply was lost and the retry finds the entry changed by someone else, the outcome is
-unknown, and the store says so (BackendUnavailableError) instead of a false conflict.
+works without recreating the store. A write whose reply may have been lost is re-sent
+only when the re-send cannot apply it twice: a replace (or a conditional delete, or a
+commit holding one) names a version that its own first application removed, and it
+carries its fresh version, which the script recognises as already stored. A create, an
+unconditional delete and a commit of creates could be applied again after someone
+deleted (or re-created) the key in between, so they are not re-sent: the key is read
+back, and the store's own fresh version there means the write applied. Otherwise the
+outcome is unknown, and the store says so (BackendUnavailableError) instead of guessing.
+
+Deadline. Every call, retries included, ends within ``deadline_seconds`` (``?deadline=``,
+20 s by default): the core bounds the public KV calls, and this module bounds the rest
+(scripts of the native ports, ``setup``, ``health_warnings``). The socket timeouts default
+to ``deadline / (retries + 1)`` (at most 5 s), so a healthy retry budget fits inside it.
+A command cut off by the deadline leaves its connection disconnected (redis-py closes a
+connection whose read was interrupted), never back in the pool with a reply pending.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from agent_stores.errors import BackendUnavailableError, ConfigError, ConflictError
 from agent_stores.kv.base import (
+    DEFAULT_DEADLINE_SECONDS,
     Check,
     Clock,
     Create,
@@ -35,6 +47,7 @@ from agent_stores.kv.base import (
     Replace,
     ScanItem,
     new_version,
+    within_deadline,
 )
 from agent_stores.url import StoreURL, check_options, redact
 
@@ -70,8 +83,18 @@ T = TypeVar("T")
 _NEVER_DECODE = "NEVER_DECODE"  # redis-py's execute_command option: return raw bytes
 
 
-def _build_client(settings: RedisSettings) -> Any:
-    """A redis-py asyncio client for ``settings`` (imported only now)."""
+#: Maps redis-py's connection class to the one a client should use (a fault injector's).
+ConnectionClassHook = Callable[[type[Any]], type[Any]]
+
+
+def _build_client(
+    settings: RedisSettings, connection_class: ConnectionClassHook | None = None
+) -> Any:
+    """A redis-py asyncio client for ``settings`` (imported only now).
+
+    ``connection_class`` replaces redis-py's connection class (redis-py's own extension
+    point), on every node of a cluster too: the fault injector of :mod:`.faults` uses it.
+    """
     from redis.asyncio import Redis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
     from redis.asyncio.retry import Retry
@@ -84,15 +107,25 @@ def _build_client(settings: RedisSettings) -> Any:
     if settings.cluster:
         first = (kwargs.pop("host"), kwargs.pop("port"))
         nodes = [ClusterNode(host, port) for host, port in (first, *settings.startup_nodes)]
-        return RedisCluster(startup_nodes=nodes, retry=retry, **kwargs)
+        cluster = RedisCluster(startup_nodes=nodes, retry=retry, **kwargs)
+        if connection_class is not None:
+            # Nodes found later are built from the manager's connection_kwargs.
+            manager = cluster.nodes_manager
+            chosen = connection_class(manager.connection_kwargs["connection_class"])
+            manager.connection_kwargs["connection_class"] = chosen
+            for node in (*cluster.startup_nodes, *manager.startup_nodes.values()):
+                node.connection_class = chosen
+        return cluster
     from redis.asyncio import BlockingConnectionPool
 
     # A burst of concurrent turns (plus their background chunk deletes) must wait for a
     # pooled connection, not fail: redis-py's default pool raises "Too many connections".
+    # The wait is bounded by the call's deadline.
     max_connections = kwargs.pop("max_connections", None) or DEFAULT_MAX_CONNECTIONS
     template = Redis(retry=retry, **kwargs).connection_pool
+    base_class = template.connection_class
     pool = BlockingConnectionPool(
-        connection_class=template.connection_class,
+        connection_class=base_class if connection_class is None else connection_class(base_class),
         max_connections=max_connections,
         timeout=None,
         **template.connection_kwargs,
@@ -137,6 +170,14 @@ def _classify(exc: BaseException) -> tuple[bool | None, bool]:
     return None, False
 
 
+class _MaybeApplied(Exception):
+    """Internal: a write that must not be re-sent failed after it may have reached the server."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _is_cluster(client: Any) -> bool:
     from redis.asyncio.cluster import RedisCluster
 
@@ -167,10 +208,14 @@ class RedisKV(KVStore):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         description: str | None = None,
         retries: int = DEFAULT_RETRIES,
+        deadline: float | None = DEFAULT_DEADLINE_SECONDS,
         clock: Clock | None = None,
     ) -> None:
         super().__init__(clock=clock)
         self._retries = max(0, int(retries))
+        if deadline is not None and not deadline > 0:
+            raise ConfigError(detail=f"deadline must be > 0 seconds (or None), got {deadline}")
+        self.deadline_seconds = deadline
         if not 1024 <= max_value_bytes <= HARD_MAX_VALUE_BYTES:
             raise ConfigError(
                 detail=f"max_value_bytes must be between 1024 and {HARD_MAX_VALUE_BYTES}"
@@ -192,9 +237,17 @@ class RedisKV(KVStore):
 
         The only keyword option is ``clock`` (a ``() -> float`` of unix seconds, for tests).
         """
-        settings = parse_url(url)
-        clock = _pop_clock(options)
-        client = _build_client(settings)
+        return cls._from_settings(parse_url(url), options)
+
+    @classmethod
+    def _from_settings(
+        cls,
+        settings: RedisSettings,
+        options: dict[str, Any],
+        connection_class: ConnectionClassHook | None = None,
+    ) -> RedisKV:
+        clock = _pop_clock(dict(options))
+        client = _build_client(settings, connection_class)
         return cls(
             client,
             prefix=settings.prefix,
@@ -202,6 +255,7 @@ class RedisKV(KVStore):
             max_value_bytes=settings.max_value_bytes,
             description=settings.describe(),
             retries=settings.retries,
+            deadline=settings.deadline,
             clock=clock,
         )
 
@@ -209,7 +263,8 @@ class RedisKV(KVStore):
     def from_client(cls, client: Any, **options: Any) -> RedisKV:
         """Wrap a ready ``redis.asyncio.Redis`` or ``RedisCluster``; it is never closed by the store.
 
-        Options: ``prefix``, ``max_value_bytes``, ``clock``. Clients created with
+        Options: ``prefix``, ``max_value_bytes``, ``deadline`` (seconds a call may take,
+        retries included; size the client's socket timeouts to fit), ``clock``. Clients created with
         ``decode_responses=True`` work too: the store always asks for raw bytes.
         """
         from redis import Redis as SyncRedis
@@ -230,12 +285,14 @@ class RedisKV(KVStore):
         options = dict(options)
         prefix = options.pop("prefix", DEFAULT_PREFIX)
         max_value = options.pop("max_value_bytes", DEFAULT_MAX_VALUE_BYTES)
+        deadline = options.pop("deadline", DEFAULT_DEADLINE_SECONDS)
         clock = _pop_clock(options)
         return cls(
             client,
             prefix=str(prefix),
             owns_client=False,
             max_value_bytes=int(max_value),
+            deadline=None if deadline is None else float(deadline),
             clock=clock,
         )
 
@@ -303,14 +360,17 @@ class RedisKV(KVStore):
     def _already_ready(self) -> bool:
         return self._cluster_ready
 
-    async def _attempts(self, call: Callable[[], Awaitable[T]]) -> tuple[T, bool]:
+    async def _attempts(
+        self, call: Callable[[], Awaitable[T]], *, resend: bool = True
+    ) -> tuple[T, bool]:
         """Run ``call``, retrying transient failures; returns ``(result, ambiguous)``.
 
         ``ambiguous`` is True when an earlier attempt failed after the command may have
         reached the server (a lost reply), so a write's "conflict" answer cannot be trusted:
         the first attempt may have applied it and someone else may have written since.
         The redis-py clients this store builds do not retry by themselves, so this is the
-        only place a command is re-sent.
+        only place a command is re-sent. With ``resend`` False, a failure after the command
+        may have reached the server raises :class:`_MaybeApplied` instead of re-sending.
         """
         ambiguous = False
         attempt = 0
@@ -321,6 +381,8 @@ class RedisKV(KVStore):
                 retryable, maybe_sent = _classify(exc)
                 if retryable is None:
                     raise
+                if maybe_sent and not resend:
+                    raise _MaybeApplied(exc) from exc
                 if not retryable or attempt >= self._retries:
                     raise self._unavailable(exc) from exc
                 ambiguous = ambiguous or maybe_sent
@@ -354,12 +416,35 @@ class RedisKV(KVStore):
             )
 
     async def _eval(
-        self, script: lua.Script, keys: Sequence[bytes], args: Sequence[Any]
+        self,
+        script: lua.Script,
+        keys: Sequence[bytes],
+        args: Sequence[Any],
+        *,
+        resend: bool = True,
     ) -> tuple[Any, bool]:
-        """Call ``script`` by SHA (re-sent with EVAL on NOSCRIPT); returns ``(result, ambiguous)``."""
+        """Call ``script`` by SHA (re-sent with EVAL on NOSCRIPT); returns ``(result, ambiguous)``.
+
+        ``resend`` False: :class:`_MaybeApplied` when the reply may have been lost.
+        """
         await self._ready()
         argv = [*keys, *args]
-        return await self._attempts(lambda: self._eval_once(script, argv, len(keys)))
+        return await self._attempts(lambda: self._eval_once(script, argv, len(keys)), resend=resend)
+
+    async def _applied(
+        self, what: str, scope: str, key: str, version: str, lost: _MaybeApplied
+    ) -> None:
+        """Return if ``(scope, key)`` holds ``version`` (the write applied); else raise
+        BackendUnavailableError (outcome unknown), with the lost connection's error kept."""
+        found = await self._command("HGET", self.layout.entry(scope, key), "ver")
+        if found is not None and _text(found) == version:
+            return
+        raise BackendUnavailableError(
+            detail=f"{self.describe()}: the connection failed during {what} of {key[:80]!r} "
+            f"in scope {scope[:80]!r} ({type(lost.cause).__name__}: "
+            f"{redact(str(lost.cause)) or 'no detail'}); it was not re-sent (it could apply "
+            "twice) and its outcome is unknown (read it back)"
+        ) from lost.cause
 
     async def _read_eval(
         self, script: lua.Script, keys: Sequence[bytes], args: Sequence[Any]
@@ -377,7 +462,7 @@ class RedisKV(KVStore):
         failures retried; for scripts that may safely run twice (a session acquire does:
         the retry finds its own lease)."""
         self._check_open()
-        result, _ = await self._eval(script, keys, args)
+        result, _ = await within_deadline(self, self._eval(script, keys, args))
         return result
 
     @classmethod
@@ -397,6 +482,9 @@ class RedisKV(KVStore):
     async def setup(self) -> None:
         """Check the connection and load every script (on every primary of a cluster)."""
         self._check_open()
+        await within_deadline(self, self._load_scripts())
+
+    async def _load_scripts(self) -> None:
         for script in lua.ALL:
             if self.cluster:
                 from redis.asyncio.cluster import RedisCluster
@@ -415,6 +503,9 @@ class RedisKV(KVStore):
         delete entries that have a TTL before it passes.
         """
         self._check_open()
+        return await within_deadline(self, self._health_warnings())
+
+    async def _health_warnings(self) -> list[str]:
         policies: dict[str, str] = {}
         try:
             if self.cluster:
@@ -483,18 +574,23 @@ class RedisKV(KVStore):
         self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
     ) -> str:
         version = new_version()
-        ok, ambiguous = await self._eval(
-            lua.CREATE,
-            [self.layout.entry(scope, key), self.layout.index(scope)],
-            [
-                key.encode(),
-                bytes(value),
-                version,
-                repr(now),
-                self._exp(expires_at),
-                self._gc_ms(expires_at, now),
-            ],
-        )
+        try:
+            ok, ambiguous = await self._eval(
+                lua.CREATE,
+                [self.layout.entry(scope, key), self.layout.index(scope)],
+                [
+                    key.encode(),
+                    bytes(value),
+                    version,
+                    repr(now),
+                    self._exp(expires_at),
+                    self._gc_ms(expires_at, now),
+                ],
+                resend=False,
+            )
+        except _MaybeApplied as lost:
+            await self._applied("create", scope, key, version, lost)
+            return version
         if ok != 1:
             if ambiguous:
                 raise self._outcome_unknown("create", scope, key)
@@ -531,11 +627,16 @@ class RedisKV(KVStore):
         return version
 
     async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
-        ok, ambiguous = await self._eval(
-            lua.DELETE,
-            [self.layout.entry(scope, key), self.layout.index(scope)],
-            [key.encode(), repr(now), expected_version or ""],
-        )
+        try:
+            ok, ambiguous = await self._eval(
+                lua.DELETE,
+                [self.layout.entry(scope, key), self.layout.index(scope)],
+                [key.encode(), repr(now), expected_version or ""],
+                # Re-sent, an unconditional delete could delete someone's new entry.
+                resend=expected_version is not None,
+            )
+        except _MaybeApplied as lost:
+            raise self._outcome_unknown("delete", scope, key) from lost.cause
         if ok != 1 and ambiguous:
             raise self._outcome_unknown("delete", scope, key)
         return bool(ok == 1)
@@ -647,7 +748,20 @@ class RedisKV(KVStore):
                 kind = "d" if isinstance(op, Delete) else "k"
                 args += [kind, member, b"", "", op.expected_version or "", "", 0]
                 results.append(None)
-        reply, ambiguous = await self._eval(lua.COMMIT, keys, args)
+        # A replace or conditional delete in the batch names a version its own application
+        # removes, so a re-send cannot apply the batch twice; without one it could.
+        guarded = any(
+            isinstance(op, Replace) or (isinstance(op, Delete) and op.expected_version)
+            for op in ops
+        )
+        try:
+            reply, ambiguous = await self._eval(lua.COMMIT, keys, args, resend=guarded)
+        except _MaybeApplied as lost:
+            written = next((i for i, v in enumerate(results) if v is not None), None)
+            if written is None:
+                raise self._outcome_unknown("commit", scope, ops[0].key) from lost.cause
+            await self._applied("commit", scope, ops[written].key, str(results[written]), lost)
+            return results
         failed = int(reply)
         if failed:
             index = failed - 1

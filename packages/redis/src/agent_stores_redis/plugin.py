@@ -19,8 +19,10 @@ from agent_stores.hookspecs import RegisterBackend, hookimpl
 from agent_stores.kv.base import KVStore
 
 if TYPE_CHECKING:
+    from agent_stores.faults import FaultInjector
     from agent_stores.memory.port import MemoryPort
     from agent_stores.sessions.port import SessionPort
+    from agent_stores.url import StoreURL
 
     from .kv import RedisKV
 
@@ -85,6 +87,36 @@ def memory_port(kv: KVStore) -> MemoryPort | None:
     from .memory import RedisMemoryPort
 
     return RedisMemoryPort(redis_kv)
+
+
+@hookimpl
+def fault_injector(url: StoreURL) -> FaultInjector | None:
+    """A :class:`~agent_stores_redis.faults.RedisFaultInjector` for a Redis URL (redis-py's
+    connection class replaced: reset, LOADING, lost reply, blackhole; TRYAGAIN and MOVED on
+    a cluster)."""
+    from .config import SCHEMES
+
+    if url.scheme not in SCHEMES:
+        return None
+    from .faults import RedisFaultInjector
+
+    return RedisFaultInjector(url)
+
+
+@hookimpl
+def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
+    """``url`` through a TCP proxy at ``host:port`` (standalone TCP and TLS URLs).
+
+    None for a Unix socket and for Redis Cluster: a cluster client follows the node
+    addresses the cluster announces, so one proxy cannot stand in front of it.
+    """
+    from .config import SCHEMES, parse_url
+
+    if url.scheme not in SCHEMES:
+        return None
+    if url.scheme == "unix" or parse_url(url).cluster:
+        return None
+    return url.set(host=host, port=port)
 
 
 def kv_from_redis_client(client: Any, options: dict[str, Any] | None = None) -> KVStore:
