@@ -48,6 +48,8 @@ def test_mixed_case_table_through_query() -> None:
         ("dynamodb://table?endpoint_url=ftp://x", "endpoint_url"),
         ("dynamodb://table?max_attempts=0", "max_attempts"),
         ("dynamodb://table?read_timeout=soon", "read_timeout"),
+        ("dynamodb://table?deadline=0.1", "deadline"),
+        ("dynamodb://table?deadline=never", "deadline"),
         (f"dynamodb://{KEY_ID}@table", "both the key id and the secret"),
         (f"dynamodb://table?aws_secret_access_key={SECRET}", "go together"),
         (f"dynamodb://{KEY_ID}:{SECRET}@table?profile=prod", "either profile"),
@@ -81,3 +83,19 @@ def test_credentials_in_url_are_used_and_hidden(url: str) -> None:
     for text in (kv.describe(), repr(kv), repr(settings), str(settings)):
         assert SECRET not in text and KEY_ID not in text
         assert "***" in text
+
+
+def test_deadline_sizes_timeouts_and_attempts() -> None:
+    """``deadline`` sets kv.deadline_seconds and, unless given, the timeouts and botocore's
+    attempts so that two read timeouts and the worst-case backoff fit inside it."""
+    default = parse_url("dynamodb://table")
+    assert (default.deadline, default.connect_timeout, default.read_timeout) == (20.0, 5.0, 10.0)
+    assert default.max_attempts == 5
+    short = parse_url("dynamodb://table?deadline=3")
+    assert (short.deadline, short.connect_timeout, short.read_timeout) == (3.0, 0.75, 1.5)
+    assert short.max_attempts == 2
+    explicit = parse_url("dynamodb://table?deadline=3&read_timeout=2&max_attempts=4")
+    assert (explicit.read_timeout, explicit.max_attempts) == (2.0, 4)
+    kv = open_kv("dynamodb://table?deadline=3")
+    assert isinstance(kv, DynamoDBKV) and kv.deadline_seconds == 3.0
+    assert "deadline=3" in kv.describe()

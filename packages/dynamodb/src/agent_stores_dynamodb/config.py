@@ -13,6 +13,13 @@ rendering of the URL masks them (the key id too, since it names an IAM user).
 URL hosts are case-insensitive and come back lower-cased, so a table name with capitals
 is given as ``?table=MyTable`` (the host may then be omitted: ``dynamodb://?table=…``).
 Unknown options are an error, so a typo never silently falls back to a default.
+
+``deadline=SECONDS`` bounds every call of the store, botocore's retries included (the
+store's ``deadline_seconds``; default 20 s). Unless given, the connect and read timeouts
+are sized from it (``min(5, deadline/4)`` and ``min(10, deadline/2)``), so a blackholed
+endpoint (accepts, never answers) costs at most two attempts before the deadline ends
+the call with :class:`~agent_stores.errors.BackendUnavailableError`; so is
+``max_attempts`` (:func:`attempts_for`: botocore's worst-case backoff within 3/4 of it).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_stores.errors import ConfigError
+from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
 from agent_stores.url import MASK, StoreURL
 
 SCHEME = "dynamodb"
@@ -29,6 +37,26 @@ DEFAULT_PREFIX = "agent-stores"
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_READ_TIMEOUT = 10.0
+#: The shortest ``deadline`` accepted (a DynamoDB request takes milliseconds; a deadline
+#: below this would fail healthy calls on a slow link).
+MIN_DEADLINE = 0.5
+
+
+def timeouts_for(deadline: float) -> tuple[float, float]:
+    """Default (connect, read) timeouts for a deadline: two attempts fit inside it."""
+    return min(DEFAULT_CONNECT_TIMEOUT, deadline / 4), min(DEFAULT_READ_TIMEOUT, deadline / 2)
+
+
+def attempts_for(deadline: float) -> int:
+    """Default botocore attempts for a deadline: the most (up to 5) whose worst-case
+    backoff fits in 3/4 of it. botocore's ``standard`` mode sleeps up to ``2**(n-1)`` s
+    before attempt ``n + 1`` (full jitter), so 5 attempts may sleep 1 + 2 + 4 + 8 = 15 s:
+    a 20 s deadline keeps 5, a 3 s deadline 2."""
+    attempts = 1
+    while attempts < DEFAULT_MAX_ATTEMPTS and 2**attempts - 1 <= 0.75 * deadline:
+        attempts += 1
+    return attempts
+
 
 _CREDENTIAL_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 KNOWN_OPTIONS = frozenset(
@@ -41,6 +69,7 @@ KNOWN_OPTIONS = frozenset(
         "max_attempts",
         "connect_timeout",
         "read_timeout",
+        "deadline",
         *_CREDENTIAL_OPTIONS,
     }
 )
@@ -97,6 +126,8 @@ class DynamoDBSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
+    #: seconds one call of the store may take, retries included (KVStore.deadline_seconds)
+    deadline: float = DEFAULT_DEADLINE_SECONDS
     #: explicit credentials from the URL (escape hatch); never shown
     credentials: dict[str, str] = field(default_factory=dict, repr=False)
 
@@ -193,16 +224,21 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
     if profile and credentials:
         raise ConfigError(detail=f"{shown}: give either profile= or explicit credentials")
 
+    raw = q("deadline")
+    deadline = (
+        DEFAULT_DEADLINE_SECONDS
+        if raw is None
+        else _number("deadline", raw, url, integer=False, minimum=MIN_DEADLINE)
+    )
     raw = q("max_attempts")
     attempts = (
-        DEFAULT_MAX_ATTEMPTS
+        attempts_for(deadline)
         if raw is None
         else int(_number("max_attempts", raw, url, integer=True, minimum=1))
     )
     timeouts: dict[str, float] = {}
-    for name, default in (
-        ("connect_timeout", DEFAULT_CONNECT_TIMEOUT),
-        ("read_timeout", DEFAULT_READ_TIMEOUT),
+    for name, default in zip(
+        ("connect_timeout", "read_timeout"), timeouts_for(deadline), strict=True
     ):
         raw = q(name)
         timeouts[name] = (
@@ -220,5 +256,6 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
         max_attempts=attempts,
         connect_timeout=timeouts["connect_timeout"],
         read_timeout=timeouts["read_timeout"],
+        deadline=deadline,
         credentials=credentials,
     )

@@ -16,22 +16,36 @@ Every conditional primitive is one request whose ConditionExpression the server 
 * get_many — BatchGetItem (100 keys a request, unprocessed keys re-sent with backoff);
 * drop_scope — Query + BatchWriteItem; scopes — a paginated Scan (admin only).
 
-Reads are strongly consistent. Throttling and transient errors are retried by botocore
-(``standard`` retry mode, ``max_attempts`` from the URL) and then surface as
-:class:`~agent_stores.errors.BackendUnavailableError`. A retried conditional write whose
+Reads are strongly consistent. Throttling (ThrottlingException,
+ProvisionedThroughputExceededException, RequestLimitExceeded), InternalServerError, HTTP
+5xx and broken connections are retried by botocore (``standard`` retry mode: jittered
+exponential backoff, ``max_attempts`` from the URL). Transaction contention, which botocore
+does not retry — TransactionConflictException, and a TransactionCanceledException whose
+CancellationReasons are only TransactionConflict / ThrottlingError /
+ProvisionedThroughputExceeded / None — is retried here with full-jitter exponential backoff
+within a budget of half the deadline. A cancellation naming ConditionalCheckFailed is a
+:class:`~agent_stores.errors.ConflictError` naming the first failing operation. Whatever
+transient fault outlives its budget surfaces as
+:class:`~agent_stores.errors.BackendUnavailableError` with the SDK's error as its cause,
+never as a configuration error. Every request is bounded by the store's
+``deadline_seconds`` (``?deadline=``). A retried conditional write whose
 first attempt landed fails its condition on the retry; ``ReturnValuesOnConditionCheckFailure
 =ALL_OLD`` returns the stored item in that same reply, so when it carries the version this
 write generated the write is reported as done, without another read. Transactions carry
-botocore's idempotency token, so their retries are applied at most once by DynamoDB.
+botocore's idempotency token, so their retries are applied at most once by DynamoDB; where
+a re-sent transaction runs again anyway (an emulator, or past the token's 10 minutes), its
+conditions return ALL_OLD too, and a Put whose stored item holds the version this very
+transaction generated proves it was applied (see ``DynamoDBKV._landed``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from agent_stores.errors import (
@@ -55,10 +69,18 @@ from agent_stores.kv.base import (
     Replace,
     ScanItem,
     new_version,
+    within_deadline,
 )
 from agent_stores.url import StoreURL
 
-from .config import DEFAULT_PREFIX, DynamoDBSettings, check_prefix, check_table, parse_url
+from .config import (
+    DEFAULT_PREFIX,
+    MIN_DEADLINE,
+    DynamoDBSettings,
+    check_prefix,
+    check_table,
+    parse_url,
+)
 
 log = logging.getLogger("agent_stores.dynamodb")
 
@@ -99,6 +121,10 @@ _THROTTLED = frozenset(
         "InternalServerError",
         "ServiceUnavailable",
         "TransactionInProgressException",
+        "TransactionConflictException",
+        "InternalFailure",
+        "RequestTimeout",
+        "RequestTimeoutException",
     }
 )
 _AUTH_FAILED = frozenset(
@@ -111,11 +137,15 @@ _AUTH_FAILED = frozenset(
         "IncompleteSignatureException",
     }
 )
+#: Cancellation reasons a real service reports for contention or load: retried.
 _RETRIABLE_REASONS = frozenset(
     {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}
 )
 _BATCH_RETRIES = 8
-_TRANSACTION_RETRIES = 6
+#: Contention retries (TransactionConflictException, retriable cancellations) per request,
+#: and the share of the deadline they may spend.
+CONFLICT_RETRIES = 10
+CONFLICT_BUDGET_SHARE = 0.5
 
 
 class TableMissingError(ConfigError):
@@ -123,13 +153,24 @@ class TableMissingError(ConfigError):
 
 
 class _ConditionFailed(Exception):
-    """Internal: a ConditionExpression was false; ``item`` is the stored item (ALL_OLD)."""
+    """Internal: a ConditionExpression was false; ``item`` is the stored item (ALL_OLD).
 
-    def __init__(self, item: Mapping[str, Any] | None, retried: bool, reasons: list[str]) -> None:
+    For a cancelled transaction, ``reasons`` and ``items`` are its CancellationReasons,
+    operation by operation (the stored item of each failed condition, ALL_OLD).
+    """
+
+    def __init__(
+        self,
+        item: Mapping[str, Any] | None,
+        retried: bool,
+        reasons: list[str],
+        items: list[Mapping[str, Any] | None] | None = None,
+    ) -> None:
         super().__init__("condition failed")
         self.item = item
         self.retried = retried
         self.reasons = reasons
+        self.items = items or []
 
 
 def _num(value: float) -> dict[str, str]:
@@ -149,9 +190,12 @@ class DynamoDBKV(KVStore):
         *,
         client: Any | None = None,
         clock: Clock | None = None,
+        on_client: Callable[[Any], None] | None = None,
     ) -> None:
         super().__init__(clock=clock)
         self.settings = settings
+        self.deadline_seconds = settings.deadline
+        self._on_client = on_client
         self.table = settings.table
         self.prefix = settings.prefix
         self._pk_prefix = settings.prefix + "/"
@@ -168,18 +212,25 @@ class DynamoDBKV(KVStore):
 
     @classmethod
     def from_url(cls, url: StoreURL | str, **options: Any) -> DynamoDBKV:
-        """Open ``url`` (see :mod:`agent_stores_dynamodb.config`). Option: ``clock``."""
+        """Open ``url`` (see :mod:`agent_stores_dynamodb.config`).
+
+        Options: ``clock``; ``on_client``, called with every aiobotocore client the store
+        creates, before its first request (to register botocore event handlers: metrics,
+        the fault injector of :mod:`agent_stores_dynamodb.faults`).
+        """
         settings = parse_url(url)
         clock = options.pop("clock", None)
+        on_client = options.pop("on_client", None)
         if options:
             raise ConfigError(detail=f"unknown option(s) for dynamodb://: {sorted(options)}")
-        return cls(settings, clock=clock)
+        return cls(settings, clock=clock, on_client=on_client)
 
     @classmethod
     def from_client(cls, client: Any, **options: Any) -> DynamoDBKV:
         """Wrap a ready aiobotocore DynamoDB client; the store never closes it.
 
-        Options: ``table`` (required), ``prefix``, ``clock``.
+        Options: ``table`` (required), ``prefix``, ``clock``, ``deadline`` (seconds per
+        call, retries included; the client's own timeouts and retries are the caller's).
         """
         options = dict(options)
         table = options.pop("table", None)
@@ -187,9 +238,14 @@ class DynamoDBKV(KVStore):
             raise ConfigError(detail="a DynamoDB client needs table='…' to know where to store")
         prefix = check_prefix(str(options.pop("prefix", DEFAULT_PREFIX)))
         clock = options.pop("clock", None)
+        deadline = options.pop("deadline", None)
         if options:
             raise ConfigError(detail=f"unknown option(s) for a DynamoDB client: {sorted(options)}")
         settings = DynamoDBSettings(url=None, table=check_table(str(table)), prefix=prefix)
+        if deadline is not None:
+            if not isinstance(deadline, int | float) or not deadline >= MIN_DEADLINE:
+                raise ConfigError(detail=f"deadline must be a number of seconds >= {MIN_DEADLINE}")
+            settings = dataclasses.replace(settings, deadline=float(deadline))
         return cls(settings, client=client, clock=clock)
 
     def describe(self) -> str:
@@ -216,6 +272,8 @@ class DynamoDBKV(KVStore):
                 client = await context.__aenter__()
             except Exception as exc:
                 raise self._translate(exc, "connect") from None
+            if self._on_client is not None:
+                self._on_client(client)
             self._client, self._client_context, self._client_loop = client, context, loop
             return client
 
@@ -245,25 +303,59 @@ class DynamoDBKV(KVStore):
     # -- requests and errors ------------------------------------------------------------
 
     async def _call(self, operation: str, **request: Any) -> dict[str, Any]:
-        """One DynamoDB request; errors become the core's typed errors.
+        """One DynamoDB request (botocore's retries included), bounded by the deadline.
 
-        A failed condition raises :class:`_ConditionFailed` for the caller to interpret.
+        Errors become the core's typed errors. Transaction contention is retried here
+        (see the module doc). A failed condition raises :class:`_ConditionFailed` for the
+        caller to interpret: ``reasons`` are a cancelled transaction's, item by item.
         """
+        # Public calls are bounded by the core already; this bounds the others (setup's).
+        started = asyncio.get_running_loop().time()
+        return await within_deadline(self, self._call_retrying(operation, request, started))
+
+    async def _call_retrying(
+        self, operation: str, request: dict[str, Any], started: float
+    ) -> dict[str, Any]:
         client = await self._get_client()
-        try:
-            response: dict[str, Any] = await getattr(client, operation)(**request)
-        except Exception as exc:
-            code = _error_code(exc)
-            if code == "ConditionalCheckFailedException":
-                meta = getattr(exc, "response", {})
-                retried = bool(meta.get("ResponseMetadata", {}).get("RetryAttempts", 0))
-                raise _ConditionFailed(meta.get("Item"), retried, []) from None
-            if code == "TransactionCanceledException":
-                meta = getattr(exc, "response", {})
-                reasons = [str(r.get("Code", "None")) for r in meta.get("CancellationReasons", [])]
-                raise _ConditionFailed(None, False, reasons) from None
-            raise self._translate(exc, operation) from None
-        return response
+        retried = False  # did an attempt that may have been applied precede this one?
+        for attempt in range(CONFLICT_RETRIES + 1):
+            try:
+                response: dict[str, Any] = await getattr(client, operation)(**request)
+            except Exception as exc:
+                code = _error_code(exc)
+                meta = getattr(exc, "response", None)
+                meta = meta if isinstance(meta, Mapping) else {}
+                retried = retried or bool(meta.get("ResponseMetadata", {}).get("RetryAttempts"))
+                if code == "ConditionalCheckFailedException":
+                    raise _ConditionFailed(meta.get("Item"), retried, []) from None
+                if code == "TransactionCanceledException":
+                    reasons = _reasons(meta)
+                    if not _contention_only(reasons):
+                        raise _ConditionFailed(
+                            None, retried, reasons, _reason_items(meta)
+                        ) from None
+                    cause = f"TransactionCanceledException {reasons}"
+                elif code == "TransactionConflictException":
+                    cause = "TransactionConflictException"
+                else:
+                    raise self._translate(exc, operation) from _kept_cause(exc)
+                delay = _jitter(attempt)
+                spent = asyncio.get_running_loop().time() - started
+                if attempt == CONFLICT_RETRIES or spent + delay > self._conflict_budget():
+                    raise BackendUnavailableError(
+                        detail=f"{self.describe()}: {operation} kept meeting contention "
+                        f"({cause}) through {attempt + 1} attempts in {spent:.1f} s; "
+                        "nothing was written by them"
+                    ) from exc
+                log.debug("%s: %s, retrying in %.3f s", operation, cause, delay)
+                await asyncio.sleep(delay)
+            else:
+                return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _conflict_budget(self) -> float:
+        deadline = self.deadline_seconds
+        return CONFLICT_BUDGET_SHARE * (deadline if deadline is not None else 20.0)
 
     def _translate(self, exc: BaseException, operation: str) -> AppError:
         if isinstance(exc, AppError):
@@ -716,29 +808,69 @@ class DynamoDBKV(KVStore):
             version = new_version() if isinstance(op, Create | Replace) else None
             versions.append(version)
             items.append(self._transact_item(scope, op, version, now))
-        for attempt in range(_TRANSACTION_RETRIES + 1):
-            try:
-                await self._call("transact_write_items", TransactItems=items)
-                return versions
-            except _ConditionFailed as failed:
-                reasons = failed.reasons
-                if "ConditionalCheckFailed" in reasons:
-                    index = reasons.index("ConditionalCheckFailed")
-                    key = ops[index].key
-                    raise ConflictError(
-                        detail=f"commit: the condition on {key[:80]!r} in scope {scope[:80]!r} "
-                        "failed; nothing was written",
-                        scope=scope,
-                        key=key,
-                        index=index,
-                    ) from None
-                if not any(r in _RETRIABLE_REASONS for r in reasons):
-                    raise BackendUnavailableError(
-                        detail=f"{self.describe()}: transaction cancelled: {reasons}"
-                    ) from None
-                await _backoff(attempt)
-        raise BackendUnavailableError(
-            detail=f"{self.describe()}: transaction kept conflicting with concurrent writes"
+        try:
+            await self._call("transact_write_items", TransactItems=items)
+        except _ConditionFailed as failed:
+            if self._landed(scope, ops, versions, failed):
+                return versions  # our own first attempt landed; this was botocore's retry
+            raise self._cancelled(scope, ops, failed.reasons) from None
+        return versions
+
+    def _landed(
+        self, scope: str, ops: list[Operation], versions: list[str | None], failed: _ConditionFailed
+    ) -> bool:
+        """Did an earlier attempt of this very transaction apply it?
+
+        botocore re-sends a transaction whose reply was lost with the same
+        ClientRequestToken, which DynamoDB answers as the first time; a server that does
+        not (an emulator, or a re-send after the token's 10 minutes) re-runs it, and its
+        conditions fail on our own writes. ALL_OLD returns the stored items: a Create or
+        Replace whose item carries the version generated for it proves the transaction
+        was applied (the version is random and written by this transaction only).
+        """
+        pk = self._pk(scope)
+        for op, version, reason, item in zip(
+            ops, versions, failed.reasons, failed.items, strict=False
+        ):
+            if reason != "ConditionalCheckFailed" or version is None or not item:
+                continue
+            key = item.get(A_KEY)
+            part = item.get(A_SCOPE)
+            if (
+                isinstance(key, Mapping)
+                and isinstance(part, Mapping)
+                and key.get("S") == op.key
+                and part.get("S") == pk
+                and _version_of(item) == version
+            ):
+                return True
+        return False
+
+    def _cancelled(self, scope: str, ops: list[Operation], reasons: list[str]) -> AppError:
+        """The typed error of a cancelled transaction, from its reasons item by item."""
+        if "ConditionalCheckFailed" in reasons:
+            index = reasons.index("ConditionalCheckFailed")
+            key = ops[index].key if index < len(ops) else "?"
+            return ConflictError(
+                detail=f"commit: the condition on {key[:80]!r} in scope {scope[:80]!r} "
+                f"(operation {index}) failed; nothing was written",
+                scope=scope,
+                key=key,
+                index=index,
+            )
+        if "ValidationError" in reasons:
+            return ConfigError(
+                detail=f"{self.describe()}: DynamoDB refused the transaction as invalid: {reasons}"
+            )
+        if "ItemCollectionSizeLimitExceeded" in reasons:
+            return ValueTooLargeError(
+                f"{self.describe()}: scope {scope[:80]!r} is over DynamoDB's 10 GB item "
+                f"collection limit; nothing was written ({reasons})",
+                size=-1,
+                limit=-1,
+            )
+        return BackendUnavailableError(
+            detail=f"{self.describe()}: transaction cancelled, nothing written: {reasons}"
         )
 
     def _transact_item(
@@ -756,6 +888,7 @@ class DynamoDBKV(KVStore):
                     "ConditionExpression": _ABSENT_OR_EXPIRED,
                     "ExpressionAttributeNames": {"#s": A_SCOPE, "#exp": A_EXPIRES},
                     "ExpressionAttributeValues": {":now": _num(now)},
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                 }
             }
         if isinstance(op, Replace):
@@ -772,6 +905,7 @@ class DynamoDBKV(KVStore):
                         ":ver": {"S": op.expected_version},
                         ":now": _num(now),
                     },
+                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                 }
             }
         key = self._item_key(scope, op.key)
@@ -813,6 +947,40 @@ def _error_code(exc: BaseException) -> str | None:
         code = response.get("Error", {}).get("Code")
         return str(code) if code else None
     return None
+
+
+def _reasons(response: Mapping[str, Any]) -> list[str]:
+    """A cancelled transaction's CancellationReasons codes, one per operation."""
+    reasons = response.get("CancellationReasons") or []
+    return [str(r.get("Code") or "None") if isinstance(r, Mapping) else "None" for r in reasons]
+
+
+def _reason_items(response: Mapping[str, Any]) -> list[Mapping[str, Any] | None]:
+    """The stored item (ALL_OLD) of each operation of a cancelled transaction, if returned."""
+    reasons = response.get("CancellationReasons") or []
+    return [r.get("Item") if isinstance(r, Mapping) else None for r in reasons]
+
+
+def _contention_only(reasons: list[str]) -> bool:
+    """True when a cancellation is only contention or load (retry it), not a verdict."""
+    return all(r == "None" or r in _RETRIABLE_REASONS for r in reasons)
+
+
+def _kept_cause(exc: BaseException) -> BaseException | None:
+    """The SDK error kept as ``__cause__`` of a transient failure (it names no secret:
+    botocore messages carry the operation, code and message, never credentials)."""
+    name = type(exc).__name__
+    if name in {"NoCredentialsError", "PartialCredentialsError", "ProfileNotFound"}:
+        return None
+    code = _error_code(exc)
+    if code in _AUTH_FAILED:
+        return None
+    return exc
+
+
+def _jitter(attempt: int) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(1 s, 25 ms * 2**attempt)]."""
+    return random.uniform(0, min(1.0, 0.025 * (2**attempt)))
 
 
 def _is_server_fault(exc: BaseException) -> bool:

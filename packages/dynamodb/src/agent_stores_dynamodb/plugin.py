@@ -6,6 +6,8 @@ an import string resolved only when a ``dynamodb://`` URL is opened, and
 client object cannot exist otherwise). :func:`session_port` gives every session store on a
 DynamoDB KV the native port of :mod:`agent_stores_dynamodb.sessions` (two requests per warm
 turn); :func:`session_store` adds DynamoDB's wider hand-over courtesy for ``open_sessions``.
+:func:`fault_injector`, :func:`server_address` and :func:`proxied_url` serve the
+contract's fault mode.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from agent_stores.kv.base import KVStore
 from agent_stores.url import StoreURL
 
 if TYPE_CHECKING:
+    from agent_stores.faults import FaultInjector
     from agent_stores.sessions.port import SessionPort
 
     from .kv import DynamoDBKV
@@ -86,3 +89,34 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
     # The port comes from session_port above unless the caller passes one.
     options = {"handover_courtesy_seconds": HANDOVER_COURTESY_SECONDS, **options}
     return SessionStore(dynamodb_kv, **options)
+
+
+@hookimpl
+def fault_injector(url: StoreURL) -> FaultInjector | None:
+    """DynamoDB's fault injector (:mod:`agent_stores_dynamodb.faults`) for ``dynamodb://``."""
+    if url.scheme != "dynamodb":
+        return None
+    from .faults import fault_injector_for
+
+    return fault_injector_for(url)
+
+
+@hookimpl
+def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
+    """``url`` with ``endpoint_url=http://host:port`` (only for an ``http://`` endpoint)."""
+    if url.scheme != "dynamodb":
+        return None
+    from .faults import proxied
+
+    return proxied(url, host, port)
+
+
+@hookimpl
+def server_address(url: StoreURL) -> tuple[str, int] | None:
+    """The ``(host, port)`` of an ``http://`` ``endpoint_url`` (the only kind a plain TCP
+    proxy can stand in for); None for AWS's own HTTPS endpoints and other schemes."""
+    if url.scheme != "dynamodb":
+        return None
+    from .faults import endpoint_address
+
+    return endpoint_address(url)

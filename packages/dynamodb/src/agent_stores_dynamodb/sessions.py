@@ -18,7 +18,9 @@ wrote the session, or a client is waiting), a lease held by someone else, a reco
 marker — answers ``GENERIC`` and the core runs its KV algorithm (BatchGetItem, then a
 conditional PutItem): same guarantees, one request more. Built on the public port
 (:class:`agent_stores.sessions.SessionPort`), through :meth:`DynamoDBKV.commit`; nothing
-of the core is overridden.
+of the core is overridden. Each of :meth:`~DynamoDBSessionPort.acquire` and
+:meth:`~DynamoDBSessionPort.save` runs within the store's deadline as a whole
+(:func:`agent_stores.backend.within_deadline`), retries and fall-backs included.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agent_stores.backend import (
     KVSessionPort,
     SaveRequest,
     acquired_state,
+    within_deadline,
 )
 from agent_stores.errors import ConflictError, ValueTooLargeError
 from agent_stores.kv.base import Check, Create, Operation, Replace
@@ -65,6 +68,9 @@ class DynamoDBSessionPort:
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
         """One TransactWriteItems on a warm session; ``GENERIC`` otherwise."""
+        return await within_deadline(self.kv, self._acquire(request))
+
+    async def _acquire(self, request: AcquireRequest) -> AcquireReply:
         last = self._last.pop(request.scope, None)
         if last is None:
             return GENERIC
@@ -105,6 +111,9 @@ class DynamoDBSessionPort:
 
     async def save(self, request: SaveRequest) -> str:
         """Chunks and the fenced state in one TransactWriteItems (one PutItem without chunks)."""
+        return await within_deadline(self.kv, self._save(request))
+
+    async def _save(self, request: SaveRequest) -> str:
         ops: list[Operation] = [
             Create(f"{chunk.key}/{i}", bytes(part), ttl=request.chunk_ttl_seconds)
             for chunk in request.chunks
