@@ -7,7 +7,13 @@
 from __future__ import annotations
 
 import pytest
-from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
+from agent_stores_contract import (
+    CheckpointerContract,
+    FaultContract,
+    KVContract,
+    MemoryContract,
+    SessionContract,
+)
 from firestore_test_support import with_fresh_prefix
 
 
@@ -33,3 +39,7 @@ class TestFirestoreMemory(FirestoreURL, MemoryContract):
 
 class TestFirestoreCheckpointer(FirestoreURL, CheckpointerContract):
     """The checkpointer contract on Firestore."""
+
+
+class TestFirestoreFaults(FirestoreURL, FaultContract):
+    """The fault contract on Firestore (its gRPC fault injector, the contract's TCP proxy)."""

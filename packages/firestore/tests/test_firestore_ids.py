@@ -94,6 +94,7 @@ async def test_emulator_orders_names_by_utf8_bytes(firestore_url: str) -> None:
     """Raw ids (no encoding) come back from an ``__name__`` query in UTF-8 byte order."""
     kv = FirestoreKV.from_url(firestore_url)
     try:
+        await kv.setup()  # builds the client
         raw = [i for i in AWKWARD if _valid_firestore_id(i)]
         collection = kv.client.collection(f"order-probe-{uuid.uuid4().hex[:8]}")
         for doc_id in reversed(raw):

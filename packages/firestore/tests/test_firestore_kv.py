@@ -235,6 +235,9 @@ async def test_ready_client_is_not_closed(firestore_url: str) -> None:
     from google.cloud.firestore import AsyncClient, Client
 
     probe = FirestoreKV.from_url(firestore_url)
+    with pytest.raises(ConfigError, match="not connected yet"):
+        _ = probe.client  # built by the first call, off the event loop
+    await probe.setup()
     client: AsyncClient = probe.client
     store = open_kv(client, collection=probe.collection, prefix=probe.prefix)
     assert isinstance(store, FirestoreKV) and "ready client" in store.describe()

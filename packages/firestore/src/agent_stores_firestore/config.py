@@ -6,18 +6,22 @@ Form (see ``docs/firestore.md``)::
 
 ``COLLECTION`` is a root collection id (or a collection path ``a/doc/b`` with an odd
 number of segments). Credentials come from Application Default Credentials; the emulator
-is reached through the standard ``FIRESTORE_EMULATOR_HOST`` variable or, for tests, the
-``emulator_host=HOST:PORT`` option. Other options: ``timeout`` (seconds per call),
-``retries`` (transient failures retried per operation) and ``max_value_bytes``. Unknown
-options are an error, so a typo never silently falls back to a default.
+is reached through the ``emulator_host=HOST:PORT`` option or the standard
+``FIRESTORE_EMULATOR_HOST`` variable (read, never written). Other options: ``deadline``
+(seconds one KV call may take, retries included), ``timeout`` (seconds per gRPC attempt,
+capped by what is left of the deadline), ``retries`` (transient failures retried per
+request, within the deadline) and ``max_value_bytes``. Unknown options are an error, so a
+typo never silently falls back to a default.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 from agent_stores.errors import ConfigError
+from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
 from agent_stores.url import StoreURL
 
 from .ids import check_path_segment
@@ -26,14 +30,17 @@ SCHEME = "firestore"
 DEFAULT_PREFIX = "agent-stores"
 DEFAULT_DATABASE = "(default)"
 DEFAULT_TIMEOUT = 10.0
-DEFAULT_RETRIES = 4
+DEFAULT_RETRIES = 8
+DEFAULT_DEADLINE = DEFAULT_DEADLINE_SECONDS
+#: The standard variable naming a Firestore emulator (read when the URL names none).
+EMULATOR_ENV = "FIRESTORE_EMULATOR_HOST"
 #: A Firestore document holds at most 1 MiB (1,048,576 bytes) including its name (up to
 #: 6 KiB) and field names; 16 KiB stay free for those, so a value at the limit always fits.
 HARD_MAX_VALUE_BYTES = (1 << 20) - (16 << 10)
 DEFAULT_MAX_VALUE_BYTES = HARD_MAX_VALUE_BYTES
 
 KNOWN_OPTIONS = frozenset(
-    {"database", "prefix", "emulator_host", "timeout", "retries", "max_value_bytes"}
+    {"database", "prefix", "emulator_host", "deadline", "timeout", "retries", "max_value_bytes"}
 )
 
 _PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9\-.:]{0,99}$")
@@ -54,6 +61,7 @@ class FirestoreSettings:
     timeout: float = DEFAULT_TIMEOUT
     retries: int = DEFAULT_RETRIES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    deadline: float = DEFAULT_DEADLINE
 
     def describe(self) -> str:
         """The URL with secrets hidden."""
@@ -131,7 +139,19 @@ def parse_url(url: StoreURL | str) -> FirestoreSettings:
             detail=f"{url}: database must be (default) or a database id like my-db, got {database!r}"
         )
     raw = q("emulator_host")
-    emulator_host = check_emulator_host(raw, str(url)) if raw is not None else None
+    if raw is None:
+        env = os.environ.get(EMULATOR_ENV, "").strip()
+        raw = env or None
+        where = f"{url} ({EMULATOR_ENV})"
+    else:
+        where = str(url)
+    emulator_host = check_emulator_host(raw, where) if raw is not None else None
+    raw = q("deadline")
+    deadline = (
+        DEFAULT_DEADLINE
+        if raw is None
+        else _number("deadline", raw, url, integer=False, minimum=0.5)
+    )
     raw = q("timeout")
     timeout = (
         DEFAULT_TIMEOUT if raw is None else _number("timeout", raw, url, integer=False, minimum=0.1)
@@ -163,4 +183,5 @@ def parse_url(url: StoreURL | str) -> FirestoreSettings:
         timeout=timeout,
         retries=retries,
         max_value_bytes=max_value,
+        deadline=deadline,
     )

@@ -22,20 +22,27 @@ write. The expiry inside the version lets ``replace``/``delete`` refuse an expir
 without reading it: the precondition guarantees the document is the one the version
 describes.
 
-Transient failures are retried here with backoff (the client's own retries are off, so
-this is the one place a write is re-sent). When a reply was lost and the retry reports
-a conflict, the ``nonce`` tells whether the first attempt was applied.
+Transient failures (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, INTERNAL)
+are retried here with jittered exponential backoff inside the store's deadline (the
+client's own retries are off, so this is the one place a request is re-sent); each gRPC
+attempt's timeout is capped by what is left of the deadline. When a reply was lost and the
+retry reports a conflict, the ``nonce`` tells whether the first attempt was applied; when
+the nonce is not found the outcome is reported unknown (BackendUnavailableError), never
+guessed. A write that creates a document is never re-sent after an ambiguous failure (a
+delete in between would let it apply twice): it is read back at once instead.
+
+Every read consumes its gRPC stream to the end (``get_all`` / ``stream``): the client's
+``DocumentReference.get`` returns on the first message of a ``BatchGetDocuments`` stream
+and leaves the call running, to finish later on whatever event loop is left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
-import os
+import math
 import random
 import secrets
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -60,10 +67,12 @@ from agent_stores.kv.base import (
     Replace,
     ScanItem,
     prefix_upper_bound,
+    within_deadline,
 )
 from agent_stores.url import StoreURL, redact
 
 from .config import (
+    DEFAULT_DEADLINE,
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PREFIX,
     DEFAULT_RETRIES,
@@ -84,6 +93,8 @@ if TYPE_CHECKING:
         AsyncWriteBatch,
     )
     from google.cloud.firestore_v1.base_document import DocumentSnapshot as _Snap
+
+    from .client import StoreClient
 
     DocumentSnapshot = _Snap[Any]
 
@@ -107,46 +118,52 @@ DROP_PAGE = 300
 #: How often a write racing with concurrent changes re-reads and tries again.
 MAX_ROUNDS = 16
 
-_EMULATOR_ENV = "FIRESTORE_EMULATOR_HOST"
-_ENV_LOCK = threading.Lock()
+#: Backoff between retries: full jitter up to min(cap, base * 2**try) seconds.
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 1.0
+#: The retries of one request end this long (at most a tenth of it) before the deadline.
+DEADLINE_MARGIN = 0.5
+#: A retry is not started with less than this left of the deadline.
+MIN_ATTEMPT_SECONDS = 0.25
 
 
-def _build_client(settings: FirestoreSettings) -> AsyncClient:
-    """An ``AsyncClient`` for ``settings`` (google-cloud-firestore imported only now)."""
+async def _build_client(settings: FirestoreSettings, interceptors: Sequence[Any]) -> StoreClient:
+    """A :class:`~agent_stores_firestore.client.StoreClient` for ``settings``, built in a
+    worker thread: resolving Application Default Credentials blocks (it may probe the
+    metadata server for seconds), so it never runs on the event loop."""
     from google.auth.exceptions import DefaultCredentialsError
-    from google.cloud.firestore import AsyncClient
+
+    from .client import build_client
 
     try:
-        if settings.emulator_host is None:
-            return AsyncClient(project=settings.project, database=settings.database)
-        # The client reads FIRESTORE_EMULATOR_HOST in its constructor only, and has no
-        # other way to reach a plaintext emulator; set it for that moment, under a lock.
-        with _ENV_LOCK:
-            saved = os.environ.get(_EMULATOR_ENV)
-            os.environ[_EMULATOR_ENV] = settings.emulator_host
-            try:
-                return AsyncClient(project=settings.project, database=settings.database)
-            finally:
-                if saved is None:
-                    del os.environ[_EMULATOR_ENV]
-                else:
-                    os.environ[_EMULATOR_ENV] = saved
+        return await asyncio.to_thread(build_client, settings, interceptors)
     except DefaultCredentialsError as exc:
         raise ConfigError(
             detail=f"{settings.describe()}: no Google credentials found ({type(exc).__name__}); "
             "set up Application Default Credentials (gcloud auth application-default login, "
-            "GOOGLE_APPLICATION_CREDENTIALS or a service account), or FIRESTORE_EMULATOR_HOST "
-            "for the emulator"
+            "GOOGLE_APPLICATION_CREDENTIALS or a service account), or emulator_host=HOST:PORT "
+            "(or FIRESTORE_EMULATOR_HOST) for the emulator"
         ) from None
 
 
 class _Attempt:
-    """Whether an earlier try of a write may have reached the server (a lost reply)."""
+    """Whether an earlier try of a write may have reached the server (a lost reply).
 
-    __slots__ = ("ambiguous",)
+    ``resend=False`` for a write that creates a document (precondition exists = false):
+    if it landed and the document was deleted since, sending it again would apply it a
+    second time, so after an ambiguous failure :meth:`FirestoreKV._run` raises
+    :class:`_Ambiguous` instead, and the caller reads back.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("ambiguous", "resend")
+
+    def __init__(self, *, resend: bool = True) -> None:
         self.ambiguous = False
+        self.resend = resend
+
+
+class _Ambiguous(Exception):
+    """A write that must not be re-sent may have been applied (its cause: the failure)."""
 
 
 def _classify(exc: BaseException) -> tuple[bool, bool] | None:
@@ -170,6 +187,7 @@ def _classify(exc: BaseException) -> tuple[bool, bool] | None:
         text = str(exc).lower()
         return True, not ("failed to connect" in text or "connection refused" in text)
     if isinstance(exc, gex.DeadlineExceeded | gex.InternalServerError | gex.Unknown):
+        # INTERNAL (InternalServerError) and UNKNOWN may come after the server applied it.
         return True, True
     if isinstance(exc, auth_exc.TransportError):
         return True, False
@@ -237,7 +255,7 @@ class FirestoreKV(KVStore):
 
     def __init__(
         self,
-        client: AsyncClient,
+        client: AsyncClient | None,
         *,
         collection: str,
         prefix: str = DEFAULT_PREFIX,
@@ -245,46 +263,86 @@ class FirestoreKV(KVStore):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         timeout: float = DEFAULT_TIMEOUT,
         retries: int = DEFAULT_RETRIES,
+        deadline: float | None = DEFAULT_DEADLINE,
         description: str | None = None,
         clock: Clock | None = None,
+        settings: FirestoreSettings | None = None,
+        interceptors: Sequence[Any] = (),
     ) -> None:
         super().__init__(clock=clock)
         if not 1024 <= max_value_bytes <= HARD_MAX_VALUE_BYTES:
             raise ConfigError(
                 detail=f"max_value_bytes must be between 1024 and {HARD_MAX_VALUE_BYTES}"
             )
-        self._client = client
+        if client is None and settings is None:
+            raise ConfigError(detail="FirestoreKV needs a client or the settings to build one")
+        self._client: AsyncClient | None = None
+        self._settings = settings
+        self._interceptors = list(interceptors)
+        self._connecting = asyncio.Lock()
         self._owns_client = owns_client
         self.collection = check_collection(collection)
         self.prefix = check_prefix(prefix)
         self._timeout = float(timeout)
         self._retries = max(0, int(retries))
+        self.deadline_seconds = None if deadline is None else float(deadline)
         self.limits = KVLimits(max_value_bytes=max_value_bytes)
-        namespace = client.collection(self.collection).document(encode_id(prefix))
-        self._scopes_col: AsyncCollectionReference = namespace.collection(SCOPES)
-        self._scopes_path = f"{namespace.path}/{SCOPES}/"
+        if client is not None:
+            self._attach(client)
+        project = client.project if client is not None else settings.project if settings else "?"
         self._description = description or (
-            f"firestore://{client.project}/{self.collection}?prefix={prefix} (ready client)"
+            f"firestore://{project}/{self.collection}?prefix={prefix} (ready client)"
         )
 
-    # -- construction ---------------------------------------------------------------------
+    def _attach(self, client: AsyncClient) -> None:
+        self._client = client
+        namespace = client.collection(self.collection).document(encode_id(self.prefix))
+        self._scopes_col: AsyncCollectionReference = namespace.collection(SCOPES)
+        self._scopes_path = f"{namespace.path}/{SCOPES}/"
+
+    async def _connect(self) -> AsyncClient:
+        """The client, built on first use (off the event loop) for a store opened from a URL."""
+        if self._client is not None:
+            return self._client
+        async with self._connecting:
+            return self._client or await self._build()
+
+    async def _build(self) -> AsyncClient:
+        assert self._settings is not None
+        self._check_open()
+        client = await _build_client(self._settings, self._interceptors)
+        if self.closed:  # closed while the client was being built
+            await client.aclose()
+            self._check_open()
+        self._attach(client)
+        return client
 
     @classmethod
     def from_url(cls, url: StoreURL | str, **options: Any) -> FirestoreKV:
-        """Open ``url`` (see :mod:`agent_stores_firestore.config`); option ``clock`` only."""
+        """Open ``url`` (see :mod:`agent_stores_firestore.config`).
+
+        Options: ``clock``, and ``interceptors`` (``grpc.aio`` client interceptors put on the
+        store's channel, e.g. :class:`agent_stores_firestore.faults.FirestoreFaultInjector`'s).
+        Nothing is resolved or connected here: the client is built, in a worker thread, by
+        the first call (or :meth:`setup`).
+        """
         settings = parse_url(url)
+        options = dict(options)
+        interceptors = list(options.pop("interceptors", None) or ())
         clock = _pop_clock(options)
-        client = _build_client(settings)
         return cls(
-            client,
+            None,
             collection=settings.collection,
             prefix=settings.prefix,
             owns_client=True,
             max_value_bytes=settings.max_value_bytes,
             timeout=settings.timeout,
             retries=settings.retries,
+            deadline=settings.deadline,
             description=settings.describe(),
             clock=clock,
+            settings=settings,
+            interceptors=interceptors,
         )
 
     @classmethod
@@ -292,7 +350,7 @@ class FirestoreKV(KVStore):
         """Wrap a ready ``google.cloud.firestore.AsyncClient``; the store never closes it.
 
         Options: ``collection`` (default ``agent-stores``), ``prefix``, ``max_value_bytes``,
-        ``timeout``, ``retries``, ``clock``.
+        ``timeout``, ``retries``, ``deadline`` (seconds, None for unbounded), ``clock``.
         """
         from google.cloud.firestore import AsyncClient, Client
 
@@ -311,6 +369,8 @@ class FirestoreKV(KVStore):
         max_value = int(options.pop("max_value_bytes", DEFAULT_MAX_VALUE_BYTES))
         timeout = float(options.pop("timeout", DEFAULT_TIMEOUT))
         retries = int(options.pop("retries", DEFAULT_RETRIES))
+        raw_deadline = options.pop("deadline", DEFAULT_DEADLINE)
+        deadline = None if raw_deadline is None else float(raw_deadline)
         clock = _pop_clock(options)
         return cls(
             client,
@@ -320,6 +380,7 @@ class FirestoreKV(KVStore):
             max_value_bytes=max_value,
             timeout=timeout,
             retries=retries,
+            deadline=deadline,
             clock=clock,
         )
 
@@ -328,17 +389,39 @@ class FirestoreKV(KVStore):
 
     @property
     def client(self) -> AsyncClient:
-        """The Firestore client (shared, not owned, when it was passed in)."""
+        """The Firestore client (shared, not owned, when it was passed in).
+
+        A store opened from a URL builds its client on first use: before that (before
+        :meth:`setup` or any call) this raises :class:`ConfigError`.
+        """
+        if self._client is None:
+            raise ConfigError(
+                detail=f"{self.describe()}: not connected yet (await setup() or make a call first)"
+            )
         return self._client
 
+    async def setup(self) -> None:
+        """Connect: build the client (off the event loop) and read one document.
+
+        Firestore needs no schema, so setup creates nothing; the read makes it a real round
+        trip (``agent-stores check`` times it), bounded by the deadline like every call.
+        """
+        self._check_open()
+
+        async def probe() -> None:
+            await self._connect()
+            await self._read(self._ref("agent-stores-setup", "probe"))
+
+        await within_deadline(self, probe())
+
     async def _aclose(self) -> None:
-        if not self._owns_client:
+        client = self._client
+        if not self._owns_client or client is None:
             return
-        # AsyncClient has no public close; its gRPC channel lives on the transport it
-        # creates on first use (none exists when the store never made a call).
-        transport = getattr(self._client, "_transport", None)
-        if transport is not None:
-            await transport.close()
+        from .client import StoreClient
+
+        if isinstance(client, StoreClient):
+            await client.aclose()
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -348,26 +431,49 @@ class FirestoreKV(KVStore):
             detail=f"{self.describe()}: {type(exc).__name__}: {reason[:300]}"
         )
 
-    def _outcome_unknown(self, what: str, scope: str, key: str) -> BackendUnavailableError:
+    def _outcome_unknown(
+        self, what: str, scope: str, key: str, cause: BaseException | None = None
+    ) -> BackendUnavailableError:
+        why = f" ({type(cause).__name__})" if cause is not None else ""
         return BackendUnavailableError(
             detail=f"{self.describe()}: the reply to a {what} of {key[:80]!r} in scope "
-            f"{scope[:80]!r} was lost and a retry found the entry changed; the write may or "
-            "may not have been applied (read it back)"
+            f"{scope[:80]!r} was lost{why} and reading back did not find the write; it may "
+            "or may not have been applied (read the entry to find out)"
         )
 
-    async def _run(self, call: Callable[[], Awaitable[T]], attempt: _Attempt | None = None) -> T:
-        """Run ``call`` with retries of transient failures.
+    async def _run(
+        self, call: Callable[[float], Awaitable[T]], attempt: _Attempt | None = None
+    ) -> T:
+        """Run ``call(timeout)`` with retries of transient failures, inside the deadline.
 
+        Each attempt gets ``timeout`` seconds, capped by what is left of the store's
+        deadline; a retry waits a jittered, exponentially growing delay and is only started
+        when the deadline leaves room for it. When the retries or the deadline run out, the
+        last failure is raised as :class:`BackendUnavailableError` (its cause kept).
         Conditional writes pass an ``attempt``: their conflicts pass through as answers.
         For anything else a conflict-like status (a query's missing index is
         FAILED_PRECONDITION) is a failure like any other.
         """
-        from google.api_core.exceptions import GoogleAPICallError
+        from google.api_core.exceptions import (
+            DeadlineExceeded,
+            GoogleAPICallError,
+            ServiceUnavailable,
+        )
 
+        from .client import StoreClient
+
+        loop = asyncio.get_running_loop()
+        budget = math.inf if self.deadline_seconds is None else self.deadline_seconds
+        # Keep a margin: the last attempt ends (and is handled here, its cause kept and a
+        # dead channel replaced) before the core's deadline cancels the whole call.
+        ends = loop.time() + budget - min(DEADLINE_MARGIN, budget / 10)
         tries = 0
         while True:
+            client = self._client
+            generation = client.generation if isinstance(client, StoreClient) else 0
+            timeout = max(0.05, min(self._timeout, ends - loop.time()))
             try:
-                return await call()
+                return await call(timeout)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -377,11 +483,26 @@ class FirestoreKV(KVStore):
                         raise self._unavailable(exc) from exc
                     raise
                 retryable, maybe_applied = kind
-                if not retryable or tries >= self._retries:
-                    raise self._unavailable(exc) from exc
+                if isinstance(client, StoreClient) and (
+                    isinstance(exc, DeadlineExceeded)
+                    or (isinstance(exc, ServiceUnavailable) and not maybe_applied)
+                ):
+                    # No answer in time (the connection may be dead without gRPC knowing),
+                    # or no connection: retry on a fresh channel, which connects at once
+                    # instead of waiting out the old one's reconnect backoff.
+                    client.recycle(generation, grace=self._timeout)
                 if attempt is not None and maybe_applied:
                     attempt.ambiguous = True
-            await asyncio.sleep(min(1.0, 0.05 * 2**tries) * random.uniform(0.5, 1.0))
+                    if retryable and not attempt.resend:
+                        raise _Ambiguous() from exc
+                delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**tries))
+                if (
+                    not retryable
+                    or tries >= self._retries
+                    or loop.time() + delay + MIN_ATTEMPT_SECONDS > ends
+                ):
+                    raise self._unavailable(exc) from exc
+            await asyncio.sleep(delay)
             tries += 1
 
     def _scope_doc(self, scope: str) -> AsyncDocumentReference:
@@ -438,25 +559,30 @@ class FirestoreKV(KVStore):
         return data
 
     def _at(self, update_time: Any) -> Any:
-        return self._client.write_option(last_update_time=update_time)
+        return self.client.write_option(last_update_time=update_time)
 
     async def _read(self, ref: AsyncDocumentReference) -> DocumentSnapshot:
-        return await self._run(lambda: ref.get(retry=None, timeout=self._timeout))
+        """One document, its ``BatchGetDocuments`` stream consumed to the end.
+
+        Not ``ref.get()``: it returns on the stream's first message and leaves the call
+        running (its completion lands later, on a loop that may be closed by then).
+        """
+        return (await self._read_all([ref]))[0]
 
     # -- primitives -------------------------------------------------------------------------
 
     async def _get(self, scope: str, key: str) -> Entry | None:
+        await self._connect()
         return self._entry(await self._read(self._ref(scope, key)))
 
     async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
         by_id = {checked_id("key", k): k for k in keys}
+        client = await self._connect()
         entries = self._entries(scope)
         refs = [entries.document(doc_id) for doc_id in by_id]
 
-        async def fetch() -> list[DocumentSnapshot]:
-            return [
-                snap async for snap in self._client.get_all(refs, retry=None, timeout=self._timeout)
-            ]
+        async def fetch(seconds: float) -> list[DocumentSnapshot]:
+            return [snap async for snap in client.get_all(refs, retry=None, timeout=seconds)]
 
         out: dict[str, Entry] = {}
         for snap in await self._run(fetch):
@@ -468,26 +594,38 @@ class FirestoreKV(KVStore):
     async def _create(
         self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
     ) -> str:
+        await self._connect()
         ref = self._ref(scope, key)
         nonce = new_nonce()
         conflicts = _conflict_types()
         for _ in range(MAX_ROUNDS):
-            attempt = _Attempt()
+            attempt = _Attempt(resend=False)
             try:
                 result = await self._run(
-                    lambda: ref.create(
+                    lambda timeout: ref.create(
                         self._create_data(value, expires_at, nonce),
                         retry=None,
-                        timeout=self._timeout,
+                        timeout=timeout,
                     ),
                     attempt,
                 )
                 return render_version(result.update_time, nonce, expires_at)
             except conflicts:
                 pass
+            except _Ambiguous as lost:
+                snap = await self._read(ref)
+                if self._nonce(snap) == nonce:  # our own create, its reply lost
+                    return render_version(snap.update_time, nonce, expires_at)
+                raise self._outcome_unknown(
+                    "create", scope, key, lost.__cause__
+                ) from lost.__cause__
             snap = await self._read(ref)
             if self._nonce(snap) == nonce:  # our own create, its reply lost
                 return render_version(snap.update_time, nonce, expires_at)
+            if attempt.ambiguous:
+                # Our create may have landed and been changed since: neither "exists" nor
+                # creating again would be true.
+                raise self._outcome_unknown("create", scope, key)
             current = self._entry(snap)
             if current is None:
                 continue  # deleted in between: create again
@@ -497,19 +635,24 @@ class FirestoreKV(KVStore):
             pinned = self._at(snap.update_time)
             attempt = _Attempt()
             try:
-                result = await self._run(
-                    functools.partial(
-                        ref.update,
+
+                async def replace_expired(seconds: float, pinned: Any = pinned) -> Any:
+                    return await ref.update(
                         self._update_data(value, expires_at, nonce),
                         option=pinned,
                         retry=None,
-                        timeout=self._timeout,
-                    ),
-                    attempt,
-                )
+                        timeout=seconds,
+                    )
+
+                result = await self._run(replace_expired, attempt)
                 return render_version(result.update_time, nonce, expires_at)
             except conflicts:
-                continue
+                if not attempt.ambiguous:
+                    continue
+            snap = await self._read(ref)
+            if self._nonce(snap) == nonce:
+                return render_version(snap.update_time, nonce, expires_at)
+            raise self._outcome_unknown("create", scope, key)
         raise ConflictError("key kept changing during create", scope=scope, key=key)
 
     async def _replace(
@@ -521,6 +664,7 @@ class FirestoreKV(KVStore):
         expires_at: float | None,
         now: float,
     ) -> str:
+        await self._connect()
         ref = self._ref(scope, key)
         parsed = parse_version(expected_version)
         if parsed is None or (parsed[1] is not None and parsed[1] <= now):
@@ -529,11 +673,11 @@ class FirestoreKV(KVStore):
         attempt = _Attempt()
         try:
             result = await self._run(
-                lambda: ref.update(
+                lambda timeout: ref.update(
                     self._update_data(value, expires_at, nonce),
                     option=self._at(parsed[0]),
                     retry=None,
-                    timeout=self._timeout,
+                    timeout=timeout,
                 ),
                 attempt,
             )
@@ -542,6 +686,8 @@ class FirestoreKV(KVStore):
                 snap = await self._read(ref)
                 if self._nonce(snap) == nonce:
                     return render_version(snap.update_time, nonce, expires_at)
+                # Our write may have landed and been changed since: not a known conflict.
+                raise self._outcome_unknown("replace", scope, key) from None
             raise ConflictError("version mismatch", scope=scope, key=key) from None
         return render_version(result.update_time, nonce, expires_at)
 
@@ -550,7 +696,9 @@ class FirestoreKV(KVStore):
         attempt = _Attempt()
         try:
             await self._run(
-                lambda: ref.delete(option=self._at(update_time), retry=None, timeout=self._timeout),
+                lambda timeout: ref.delete(
+                    option=self._at(update_time), retry=None, timeout=timeout
+                ),
                 attempt,
             )
         except _conflict_types():
@@ -560,6 +708,7 @@ class FirestoreKV(KVStore):
         return True
 
     async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        await self._connect()
         ref = self._ref(scope, key)
         if expected_version is not None:
             parsed = parse_version(expected_version)
@@ -587,6 +736,7 @@ class FirestoreKV(KVStore):
     ) -> list[ScanItem]:
         from google.cloud.firestore_v1.base_query import FieldFilter
 
+        await self._connect()
         entries = self._entries(scope)
         low = encode_id(prefix)
         if len(low.encode("utf-8")) > MAX_ID_BYTES:
@@ -614,8 +764,8 @@ class FirestoreKV(KVStore):
             page_size = limit - len(items) + 1  # one extra: the bound is inclusive
             page = query.limit(page_size)
 
-            async def fetch(page: Any = page) -> list[DocumentSnapshot]:
-                return [snap async for snap in page.stream(retry=None, timeout=self._timeout)]
+            async def fetch(seconds: float, page: Any = page) -> list[DocumentSnapshot]:
+                return [snap async for snap in page.stream(retry=None, timeout=seconds)]
 
             snaps = await self._run(fetch)
             for snap in snaps:
@@ -652,7 +802,8 @@ class FirestoreKV(KVStore):
         # the namespace holds (ListDocuments can only start at the beginning).
         from google.cloud.firestore_v1.base_query import FieldFilter
 
-        group = self._client.collection_group(ENTRIES)
+        client = await self._connect()
+        group = client.collection_group(ENTRIES)
         base = self._scopes_path
         if start_after is not None and start_after >= prefix:
             bound = _past_scope(base, encode_id(start_after))
@@ -664,14 +815,14 @@ class FirestoreKV(KVStore):
         found: list[str] = []
         while len(found) < limit:
             query = (
-                group.where(filter=FieldFilter("__name__", ">=", self._client.document(bound)))
+                group.where(filter=FieldFilter("__name__", ">=", client.document(bound)))
                 .order_by("__name__")
                 .select([F_EXPIRES])
                 .limit(1)
             )
 
-            async def fetch(query: Any = query) -> list[DocumentSnapshot]:
-                return [snap async for snap in query.stream(retry=None, timeout=self._timeout)]
+            async def fetch(seconds: float, query: Any = query) -> list[DocumentSnapshot]:
+                return [snap async for snap in query.stream(retry=None, timeout=seconds)]
 
             snaps = await self._run(fetch)
             if not snaps or not snaps[0].reference.path.startswith(base):
@@ -692,25 +843,28 @@ class FirestoreKV(KVStore):
         return found
 
     async def _drop_scope(self, scope: str) -> int:
+        client = await self._connect()
         entries = self._entries(scope)
         total = 0
         while True:
             page = entries.order_by("__name__").select([F_EXPIRES]).limit(DROP_PAGE)
 
-            async def fetch(page: Any = page) -> list[DocumentSnapshot]:
-                return [snap async for snap in page.stream(retry=None, timeout=self._timeout)]
+            async def fetch(seconds: float, page: Any = page) -> list[DocumentSnapshot]:
+                return [snap async for snap in page.stream(retry=None, timeout=seconds)]
 
             snaps = await self._run(fetch)
             if not snaps:
                 return total
             refs = [snap.reference for snap in snaps]
 
-            async def delete_page(refs: list[AsyncDocumentReference] = refs) -> None:
+            async def delete_page(
+                seconds: float, refs: list[AsyncDocumentReference] = refs
+            ) -> None:
                 # A fresh batch per attempt: a committed batch forgets its writes.
-                batch = self._client.batch()
+                batch = client.batch()
                 for ref in refs:
                     batch.delete(ref)
-                await batch.commit(retry=None, timeout=self._timeout)
+                await batch.commit(retry=None, timeout=seconds)
 
             # Unconditional deletes: repeating them after a lost reply is harmless.
             await self._run(delete_page)
@@ -731,6 +885,7 @@ class FirestoreKV(KVStore):
                 size=size,
                 limit=MAX_COMMIT_BYTES,
             )
+        await self._connect()
         refs = [self._ref(scope, op.key) for op in ops]
         nonces = [new_nonce() for _ in ops]
         conflicts = _conflict_types()
@@ -745,22 +900,35 @@ class FirestoreKV(KVStore):
             except _DecideOnStoredState:
                 state = await self._read_all(refs)
                 continue
-            attempt = _Attempt()
+            # A batch that creates a document is never re-sent blindly (see _Attempt).
+            attempt = _Attempt(resend=not any(isinstance(op, Create) for op in ops))
 
-            async def send(state: list[DocumentSnapshot] | None = state) -> list[Any]:
+            async def send(
+                seconds: float, state: list[DocumentSnapshot] | None = state
+            ) -> list[Any]:
                 # A fresh batch per attempt: a committed batch forgets its writes, so a
                 # re-sent one would be empty.
                 batch, _ = self._build_batch(scope, ops, refs, nonces, now, state)
-                results: list[Any] = await batch.commit(retry=None, timeout=self._timeout)
+                results: list[Any] = await batch.commit(retry=None, timeout=seconds)
                 return results
 
             try:
                 results = await self._run(send, attempt)
+            except _Ambiguous as lost:
+                applied = await self._applied(scope, ops, refs, nonces, expiries)
+                if applied is not None:
+                    return applied
+                raise self._outcome_unknown(
+                    "commit", scope, ops[0].key, lost.__cause__
+                ) from lost.__cause__
             except conflicts:
                 if attempt.ambiguous:
                     applied = await self._applied(scope, ops, refs, nonces, expiries)
                     if applied is not None:
                         return applied
+                    # It may have landed and been changed since: sending it again could
+                    # apply it twice, and a conflict may be our own write's.
+                    raise self._outcome_unknown("commit", scope, ops[0].key) from None
                 state = await self._read_all(refs)
                 continue
             return [
@@ -772,10 +940,10 @@ class FirestoreKV(KVStore):
         raise ConflictError("keys kept changing during commit", scope=scope)
 
     async def _read_all(self, refs: list[AsyncDocumentReference]) -> list[DocumentSnapshot]:
-        async def fetch() -> list[DocumentSnapshot]:
-            return [
-                snap async for snap in self._client.get_all(refs, retry=None, timeout=self._timeout)
-            ]
+        client = self.client
+
+        async def fetch(seconds: float) -> list[DocumentSnapshot]:
+            return [snap async for snap in client.get_all(refs, retry=None, timeout=seconds)]
 
         by_path = {snap.reference.path: snap for snap in await self._run(fetch)}
         return [by_path[ref.path] for ref in refs]
@@ -811,9 +979,9 @@ class FirestoreKV(KVStore):
     ) -> tuple[AsyncWriteBatch, list[float | None]]:
         from google.cloud.firestore import DELETE_FIELD
 
-        batch = self._client.batch()
+        batch = self.client.batch()
         expiries: list[float | None] = []
-        absent = self._client.write_option(exists=False)
+        absent = self.client.write_option(exists=False)
 
         def conflict(index: int, why: str) -> ConflictError:
             op = ops[index]
@@ -882,6 +1050,7 @@ class FirestoreKV(KVStore):
 
     async def iter_documents(self, scope: str) -> AsyncIterator[str]:
         """Raw document ids of a scope (for diagnostics and tests)."""
+        await self._connect()
         async for ref in self._entries(scope).list_documents(retry=None, timeout=self._timeout):
             yield ref.id
 

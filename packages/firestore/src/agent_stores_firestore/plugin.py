@@ -4,7 +4,9 @@ Importing this module must stay cheap: it never imports google-cloud-firestore. 
 factory is an import string resolved only when a ``firestore://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if the Firestore library is already
 imported (a client object cannot exist otherwise). Sessions, memory and the
-checkpointer use the generic KV-built stores.
+checkpointer use the generic KV-built stores. For the contract's fault mode it offers
+:class:`~agent_stores_firestore.faults.FirestoreFaultInjector` (``fault_injector``, a gRPC
+interceptor) and ``proxied_url`` (an emulator URL through a TCP proxy).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
+    from agent_stores.faults import FaultInjector
     from agent_stores.kv.base import KVStore
+    from agent_stores.url import StoreURL
 
 FACTORY = "agent_stores_firestore.kv:FirestoreKV.from_url"
 
@@ -42,3 +46,22 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     from .kv import FirestoreKV
 
     return FirestoreKV.from_client(client, **options)
+
+
+@hookimpl
+def fault_injector(url: StoreURL) -> FaultInjector | None:
+    """The Firestore fault injector (gRPC interceptor) for ``firestore://`` URLs."""
+    if url.scheme != "firestore":
+        return None
+    from .faults import FirestoreFaultInjector
+
+    return FirestoreFaultInjector()
+
+
+@hookimpl
+def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
+    """``url`` through a plain TCP proxy at ``host:port``: only an emulator URL (plaintext
+    gRPC, ``emulator_host``) can be; the real service is TLS to Google's endpoint."""
+    if url.scheme != "firestore" or url.query_get("emulator_host") is None:
+        return None
+    return url.with_query(emulator_host=f"{host}:{port}")
