@@ -8,7 +8,13 @@ runs the same suite through ``AGENT_STORES_CONTRACT_URL``.
 from __future__ import annotations
 
 import pytest
-from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
+from agent_stores_contract import (
+    CheckpointerContract,
+    FaultContract,
+    KVContract,
+    MemoryContract,
+    SessionContract,
+)
 
 
 class CosmosURL:
@@ -33,3 +39,7 @@ class TestCosmosMemory(CosmosURL, MemoryContract):
 
 class TestCosmosCheckpointer(CosmosURL, CheckpointerContract):
     """The checkpointer contract on Cosmos (generic store)."""
+
+
+class TestCosmosFaults(CosmosURL, FaultContract):
+    """The fault contract on Cosmos DB (its own fault injector, the contract's TCP proxy)."""

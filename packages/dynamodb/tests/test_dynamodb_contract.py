@@ -6,7 +6,13 @@ this module lets ``pytest packages/dynamodb/tests`` run it too.
 
 from __future__ import annotations
 
-from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
+from agent_stores_contract import (
+    CheckpointerContract,
+    FaultContract,
+    KVContract,
+    MemoryContract,
+    SessionContract,
+)
 from dynamodb_test_support import DynamoDBURL
 
 
@@ -24,3 +30,7 @@ class TestDynamoDBMemory(DynamoDBURL, MemoryContract):
 
 class TestDynamoDBCheckpointer(DynamoDBURL, CheckpointerContract):
     """The checkpointer contract on DynamoDB."""
+
+
+class TestDynamoDBFaults(DynamoDBURL, FaultContract):
+    """The fault contract on DynamoDB (its own fault injector, the contract's TCP proxy)."""

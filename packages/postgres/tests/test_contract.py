@@ -8,7 +8,13 @@ lets ``pytest packages/postgres/tests`` run it too. The generic path runs in
 
 from __future__ import annotations
 
-from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
+from agent_stores_contract import (
+    CheckpointerContract,
+    FaultContract,
+    KVContract,
+    MemoryContract,
+    SessionContract,
+)
 from pg_test_support import PostgresURL
 
 
@@ -26,3 +32,7 @@ class TestPostgresMemory(PostgresURL, MemoryContract):
 
 class TestPostgresCheckpointer(PostgresURL, CheckpointerContract):
     """The checkpointer contract on PostgreSQL."""
+
+
+class TestPostgresFaults(PostgresURL, FaultContract):
+    """The fault contract on PostgreSQL (its own fault injector, the contract's TCP proxy)."""

@@ -8,7 +8,13 @@ this module lets ``pytest packages/redis/tests`` run it too.
 from __future__ import annotations
 
 import pytest
-from agent_stores_contract import CheckpointerContract, KVContract, MemoryContract, SessionContract
+from agent_stores_contract import (
+    CheckpointerContract,
+    FaultContract,
+    KVContract,
+    MemoryContract,
+    SessionContract,
+)
 from redis_test_support import with_fresh_prefix
 
 
@@ -34,3 +40,7 @@ class TestRedisMemory(RedisURLs, MemoryContract):
 
 class TestRedisCheckpointer(RedisURLs, CheckpointerContract):
     """The checkpointer contract on Redis."""
+
+
+class TestRedisFaults(RedisURLs, FaultContract):
+    """The fault contract on Redis (its own fault injector, the contract's TCP proxy)."""

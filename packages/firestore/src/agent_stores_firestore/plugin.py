@@ -65,3 +65,18 @@ def proxied_url(url: StoreURL, host: str, port: int) -> StoreURL | None:
     if url.scheme != "firestore" or url.query_get("emulator_host") is None:
         return None
     return url.with_query(emulator_host=f"{host}:{port}")
+
+
+@hookimpl
+def server_address(url: StoreURL) -> tuple[str, int] | None:
+    """The emulator's ``(host, port)`` from ``emulator_host`` (the address the contract's
+    proxy forwards to); None for the real service and other schemes."""
+    if url.scheme != "firestore":
+        return None
+    raw = url.query_get("emulator_host")
+    if raw is None:
+        return None
+    host, _, port = raw.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
