@@ -338,6 +338,56 @@ class DeleteReportsExpired(MemoryKV):
             return True
 
 
+class ConditionOutsideWrite(MemoryKV):
+    """Every condition is checked outside the write: read, a round trip, then an unconditional write.
+
+    create, replace and delete each do GET, compare in the client, then SET / DEL (what a
+    backend without conditional writes, or an emulator racing its own threads, does). Each
+    call is right alone; concurrent ones both pass their check. The linearizability check
+    (``contract-tests/tests/test_linearizability_checker.py``) must report it.
+    """
+
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
+        if self._live(scope, key, now) is not None:
+            raise ConflictError("key exists", scope=scope, key=key)
+        await asyncio.sleep(0)  # the round trip between the read and the write
+        version = new_version()
+        with self._space.lock:
+            self._put(scope, key, Entry(bytes(value), version, expires_at))
+        return version
+
+    async def _replace(
+        self,
+        scope: str,
+        key: str,
+        value: bytes,
+        expected_version: str,
+        expires_at: float | None,
+        now: float,
+    ) -> str:
+        current = self._live(scope, key, now)
+        if current is None or current.version != expected_version:
+            raise ConflictError("version mismatch", scope=scope, key=key)
+        await asyncio.sleep(0)
+        version = new_version()
+        with self._space.lock:
+            self._put(scope, key, Entry(bytes(value), version, expires_at))
+        return version
+
+    async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        current = self._live(scope, key, now)
+        if current is None or (
+            expected_version is not None and current.version != expected_version
+        ):
+            return False
+        await asyncio.sleep(0)
+        with self._space.lock:
+            self._remove(scope, key)
+        return True
+
+
 MUTANTS: dict[str, type[MemoryKV]] = {
     "non-atomic-cas": NonAtomicCAS,
     "create-overwrites-live-key": CreateOverwrites,
