@@ -458,7 +458,6 @@ class KVContract(ContractBase):
         the summary) when the backend's plugin offers no ``fault_injector``.
         """
         from agent_stores.faults import FaultKind
-        from agent_stores.kv.faulty import KVFaultInjector
         from agent_stores.plugins import get_registry
 
         url = StoreURL.parse(store_url)
@@ -494,11 +493,13 @@ class KVContract(ContractBase):
         injected = injector.injected()
         assert sum(injected.values()) > 0, "the injector injected nothing: the run proved nothing"
         try:
-            # The core's KV-level injector re-sends writes the way a naive client library
-            # does (its ResentWrite fault), which nothing above the KV API can prevent: a
-            # write applied once more within its own call is tolerated there. A backend's
-            # own injector gets the strict check: its store must never apply a call twice.
-            report = check_history(history, resent_writes=isinstance(injector, KVFaultInjector))
+            # An injector whose client re-sends writes it cannot stop (the core's KV-level
+            # one models a naive client library; botocore against moto) declares it: a
+            # write applied once more within its own call is tolerated there. Every other
+            # backend gets the strict check: its store must never apply a call twice.
+            report = check_history(
+                history, resent_writes=bool(getattr(injector, "resends_writes", False))
+            )
         except LinearizabilityViolation as exc:
             raise LinearizabilityViolation(
                 f"(workload seed {seed!r}, faults injected {injected}) {exc}"

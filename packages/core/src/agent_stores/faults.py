@@ -96,6 +96,13 @@ class BaseFaultInjector:
 
     faults: Mapping[str, FaultKind] = {}
 
+    #: True when the client under test re-sends a write whose reply was lost with no way
+    #: for the store to stop it (and nothing, such as an idempotency token the server or
+    #: emulator honours, makes the re-send harmless): the contract's linearizability check
+    #: then tolerates a write applied once more within its own call. Say why in the
+    #: injector's docs; False keeps the check strict.
+    resends_writes: bool = False
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._armed: list[tuple[str, str | None]] = []

@@ -190,6 +190,11 @@ class DynamoDBFaultInjector(BaseFaultInjector):
 
     faults: Mapping[str, FaultKind] = FAULTS
 
+    #: botocore re-sends a request whose reply was lost (standard retry mode), and moto
+    #: ignores the ClientRequestToken that makes a re-sent transaction harmless on the real
+    #: service: the linearizability check tolerates a write applied again within its call.
+    resends_writes = True
+
     def __init__(self) -> None:
         super().__init__()
         self._blackhole: Blackhole | None = None

@@ -608,6 +608,7 @@ class DynamoDBKV(KVStore):
         except _ConditionFailed as failed:
             if _version_of(failed.item) == version:
                 return version  # our own first attempt landed; this was botocore's retry
+            self._raise_if_ambiguous(failed, f"creating {key[:80]!r}")
             raise ConflictError(
                 detail=f"{key[:80]!r} already exists in scope {scope[:80]!r}", scope=scope, key=key
             ) from None
@@ -634,6 +635,7 @@ class DynamoDBKV(KVStore):
         except _ConditionFailed as failed:
             if _version_of(failed.item) == version:
                 return version
+            self._raise_if_ambiguous(failed, f"replacing {key[:80]!r}")
             raise ConflictError(
                 detail=f"{key[:80]!r} in scope {scope[:80]!r} is not at the expected version",
                 scope=scope,
@@ -642,13 +644,25 @@ class DynamoDBKV(KVStore):
         return version
 
     async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
+        if expected_version is not None:
+            return await self._delete_at(scope, key, expected_version, now)
+        # botocore re-sends a request whose reply was lost, and an unconditional delete
+        # re-sent would delete whatever another client wrote in between (found by the
+        # contract's linearizability check under faults). Deleting at the version just
+        # read makes a re-send harmless: its condition fails on anything newer.
+        for _ in range(CONFLICT_RETRIES + 1):
+            entry = await self._get(scope, key)
+            if entry is None or entry.expired(now):
+                return False
+            if await self._delete_at(scope, key, entry.version, now):
+                return True
+        raise BackendUnavailableError(
+            detail=f"{self.describe()}: {key[:80]!r} kept changing while it was being deleted"
+        )
+
+    async def _delete_at(self, scope: str, key: str, expected_version: str, now: float) -> bool:
+        """Delete the live item at ``expected_version``; False when it is not at it."""
         item_key = self._item_key(scope, key)
-        if expected_version is None:
-            response = await self._call(
-                "delete_item", TableName=self.table, Key=item_key, ReturnValues="ALL_OLD"
-            )
-            old = response.get("Attributes")
-            return old is not None and not self._expired(old, now)
         try:
             await self._call(
                 "delete_item",
@@ -660,12 +674,7 @@ class DynamoDBKV(KVStore):
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except _ConditionFailed as failed:
-            if failed.item is None and failed.retried:
-                # Gone on botocore's retry: our first attempt may have deleted it.
-                raise BackendUnavailableError(
-                    detail=f"{self.describe()}: the outcome of deleting {key[:80]!r} is unknown "
-                    "(the reply to the first attempt was lost)"
-                ) from None
+            self._raise_if_ambiguous(failed, f"deleting {key[:80]!r}")
             return False
         return True
 
@@ -813,8 +822,20 @@ class DynamoDBKV(KVStore):
         except _ConditionFailed as failed:
             if self._landed(scope, ops, versions, failed):
                 return versions  # our own first attempt landed; this was botocore's retry
+            self._raise_if_ambiguous(failed, f"committing {len(ops)} operations")
             raise self._cancelled(scope, ops, failed.reasons) from None
         return versions
+
+    def _raise_if_ambiguous(self, failed: _ConditionFailed, what: str) -> None:
+        """A condition that failed on botocore's re-send, after an attempt whose reply was
+        lost, proves nothing: that attempt may have been applied and the item changed since
+        (a delete leaves nothing to recognise, a later write overwrites our version). The
+        outcome is unknown, never a conflict: found by the linearizability check."""
+        if failed.retried:
+            raise BackendUnavailableError(
+                detail=f"{self.describe()}: the outcome of {what} is unknown "
+                "(the reply to an earlier attempt was lost)"
+            )
 
     def _landed(
         self, scope: str, ops: list[Operation], versions: list[str | None], failed: _ConditionFailed

@@ -55,6 +55,9 @@ class KVFaultInjector(BaseFaultInjector):
         "Blackhole": FaultKind.BLACKHOLE,
     }
 
+    #: its ResentWrite fault re-sends writes, as a naive client library does
+    resends_writes = True
+
     def __init__(self) -> None:
         super().__init__()
         self.after_lost_reply: Callable[[], Awaitable[None]] | None = None
