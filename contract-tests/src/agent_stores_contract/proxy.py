@@ -19,12 +19,12 @@ _CHUNK = 65536
 class TCPProxy:
     """Forwards ``127.0.0.1:<port>`` to ``target_host:target_port`` until told to go silent."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, *, silent: bool = False) -> None:
         self.target_host = target_host
         self.target_port = target_port
         self.host = "127.0.0.1"
         self.port = 0
-        self.silent = False
+        self.silent = silent
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -35,12 +35,12 @@ from agent_stores.faults import FaultInjector, FaultKind
 from agent_stores.kv import Create, Replace
 from agent_stores.plugins import get_registry
 from agent_stores.sessions.errors import TransientStoreError
+from agent_stores_contract.fault_workloads import WORKLOADS, Tally, pair, texts
+from agent_stores_contract.proxy import TCPProxy as SilentProxy
 from agent_stores_postgres import plugin
 from agent_stores_postgres.config import PostgresConfig
 from agent_stores_postgres.faults import PostgresFaultInjector
 from agent_stores_postgres.kv import ROLLED_BACK_RETRIES, PostgresKV
-from pg_fault_workload import WORKLOADS, Tally, pair, texts
-from pg_silent_proxy import SilentProxy
 from pg_test_support import with_options
 
 DEADLINE = 2.0

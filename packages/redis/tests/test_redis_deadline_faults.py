@@ -24,12 +24,12 @@ from agent_stores import BackendUnavailableError, ConfigError, StoreURL, open_kv
 from agent_stores.faults import FaultInjector, FaultKind
 from agent_stores.plugins import get_registry
 from agent_stores.sessions.errors import TransientStoreError
+from agent_stores_contract.fault_workloads import WORKLOADS, Tally, pair, texts
+from agent_stores_contract.proxy import TCPProxy as SilentProxy
 from agent_stores_redis import plugin
 from agent_stores_redis.config import parse_url
 from agent_stores_redis.faults import RedisFaultInjector
 from agent_stores_redis.kv import RedisKV
-from redis_fault_workload import WORKLOADS, Tally, pair, texts
-from redis_silent_proxy import SilentProxy
 
 SECRET = "pw-deadline-never-print-me"
 DEADLINE = 2.0

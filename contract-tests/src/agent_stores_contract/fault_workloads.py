@@ -7,11 +7,13 @@ configuration error; then the caller does what an application does: retries the 
 operation (the same receipt, the same journal key), or for a turn first reads whether it
 landed. Anything else fails the workload with the error itself.
 
-(A uniquely named module: ``conftest`` names collide across packages.)
+For a backend's own fault tests (the Redis and PostgreSQL packages use it); the contract's
+``FaultContract`` runs its own workloads.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -72,31 +74,25 @@ async def memory_workload(kv: KVStore, tally: Tally, *, files: int = 6, edits: i
         for i in range(files):
             path = f"notes/f{i}.md"
             op = MemoryOperation(f"create-{i}", f"fp-create-{i}")
-            done = await retried(
-                tally,
-                lambda path=path, op=op, i=i: memory.write(
-                    path, f"file {i}", expected_version=None, operation=op
-                ),
+            create = functools.partial(
+                memory.write, path, f"file {i}", expected_version=None, operation=op
             )
+            done = await retried(tally, create)
             created[path] = done.version
         version: str | None = None
         for i in range(edits):
             op = MemoryOperation(f"edit-{i}", f"fp-edit-{i}")
             expected = version
-            done = await retried(
-                tally,
-                lambda op=op, i=i, expected=expected: memory.write(
-                    "notes/chain.md", f"edit {i}", expected_version=expected, operation=op
-                ),
+            edit = functools.partial(
+                memory.write, "notes/chain.md", f"edit {i}", expected_version=expected, operation=op
             )
+            done = await retried(tally, edit)
             version = done.version
         for i, (path, file_version) in enumerate(sorted(created.items())):
-            read = await retried(tally, lambda path=path: memory.read(path, max_chars=100))
+            read = await retried(tally, functools.partial(memory.read, path, max_chars=100))
             assert read is not None and read.content == f"file {i}", (path, read)
-            found = await retried(
-                tally,
-                lambda i=i: memory.get_operation(MemoryOperation(f"create-{i}", f"fp-create-{i}")),
-            )
+            operation = MemoryOperation(f"create-{i}", f"fp-create-{i}")
+            found = await retried(tally, functools.partial(memory.get_operation, operation))
             assert found is not None and found.version == file_version
         chain = await retried(tally, lambda: memory.read("notes/chain.md", max_chars=100))
         assert chain is not None and chain.content == f"edit {edits - 1}", chain
@@ -118,7 +114,7 @@ async def journal_workload(kv: KVStore, tally: Tally, *, events: int = 10) -> No
         run_id = "run-1"
         for i in range(events):
             event = JournalEvent(step_id=f"step-{i}", kind="tool", payload={"i": i})
-            await retried(tally, lambda event=event: checkpointer.append(run_id, event))
+            await retried(tally, functools.partial(checkpointer.append, run_id, event))
         state = await retried(tally, lambda: checkpointer.load(run_id))
         steps = [entry.step_id for entry in state.entries]
         assert steps == [f"step-{i}" for i in range(events)], steps
