@@ -28,11 +28,23 @@ def test_expected_hooks_exist() -> None:
         "memory_port",
         "journal_port",
         "session_store",
+        "fault_injector",
+        "proxied_url",
+        "server_address",
     }
 
 
 def test_store_hooks_are_firstresult() -> None:
-    for name in ("kv_from_client", "session_port", "memory_port", "journal_port", "session_store"):
+    for name in (
+        "kv_from_client",
+        "session_port",
+        "memory_port",
+        "journal_port",
+        "session_store",
+        "fault_injector",
+        "proxied_url",
+        "server_address",
+    ):
         opts = getattr(hookspecs, name).agent_stores_spec
         assert opts["firstresult"] is True, name
 
