@@ -508,7 +508,11 @@ class FaultContract(ContractBase):
             return generic.wrap(open_kv(store_url), owns_inner=True)
 
         # The chunk write's reply lost, and the state write's (the generic port's ``replace``).
+        # Another client can take the session only once the state write released it: a
+        # lost chunk write leaves the lease held (the other client would wait it out).
         for fault, operation in itertools.product(("LostReply", "ResentWrite"), (None, "replace")):
+            if other_client and operation is None:
+                continue
             await self.lost_reply_turns(
                 generic,
                 fault,
