@@ -40,7 +40,9 @@ from pydantic_ai_harness.memory import MemoryOperation
 R = TypeVar("R")
 
 #: Faults carried by a request that reaches (or would reach) the server normally.
-ROUTINE = sorted(f for f, kind in FAULTS.items() if kind is not FaultKind.BLACKHOLE)
+ROUTINE = sorted(
+    f for f, kind in FAULTS.items() if kind not in (FaultKind.BLACKHOLE, FaultKind.LOST_REPLY)
+)
 CONTENTION = [
     "ThrottlingException",
     "ProvisionedThroughputExceededException",
@@ -161,6 +163,27 @@ async def test_one_fault_at_a_chosen_call_is_survived(
     assert [i.key for i in await kv.scan("s")] == ["k", "new"]
 
 
+async def test_a_lost_reply_on_a_write_is_an_unknown_outcome_never_a_resend(
+    kv: KVStore, injector: DynamoDBFaultInjector
+) -> None:
+    """A create, a replace and a commit whose replies are lost: each raises
+    BackendUnavailableError ("outcome unknown") instead of letting botocore re-send it, and
+    each was applied exactly once."""
+    version = await kv.create("s", "k", b"v0")
+    for operation in ("PutItem", "TransactWriteItems"):
+        injector.arm("lost_reply", operation=operation)
+    with pytest.raises(BackendUnavailableError, match="unknown"):
+        await kv.replace("s", "k", b"v1", expected_version=version)
+    entry = await kv.get("s", "k")
+    assert entry is not None and entry.value == b"v1"
+    with pytest.raises(BackendUnavailableError, match="unknown"):
+        await kv.commit("s", [Create("new", b"n"), Replace("k", b"v2", entry.version)])
+    assert injector.injected() == {"lost_reply": 2}
+    entry = await kv.get("s", "k")
+    assert entry is not None and entry.value == b"v2"
+    assert [i.key for i in await kv.scan("s")] == ["k", "new"]
+
+
 @pytest.mark.parametrize("fault", ["TransactionConflictException", "ThrottlingException"])
 async def test_contention_outliving_the_budget_is_backend_unavailable(
     fault: str, dynamodb_url: str, injector: DynamoDBFaultInjector
@@ -210,15 +233,19 @@ async def test_blackholed_request_is_retried_after_the_read_timeout(
     dynamodb_url: str, injector: DynamoDBFaultInjector
 ) -> None:
     """One request sent to a silent peer: botocore's read timeout (sized from the deadline)
-    ends it and the retry reaches the server; the call succeeds within its deadline."""
+    ends it. A read is retried and reaches the server; a write is not re-sent (the silent
+    peer may have applied it) and is an unknown outcome, within its deadline."""
     kv = await injector.open_kv(StoreURL.parse(with_options(dynamodb_url, deadline="4")))
     try:
         await kv.setup()
-        injector.arm("blackhole", operation="PutItem")
         await kv.create("s", "k", b"v")
-        assert injector.injected() == {"blackhole": 1}
+        injector.arm("blackhole", operation="GetItem")
         entry = await kv.get("s", "k")
         assert entry is not None and entry.value == b"v"
+        injector.arm("blackhole", operation="PutItem")
+        with pytest.raises(BackendUnavailableError, match="unknown"):
+            await kv.create("s", "k2", b"v")
+        assert injector.injected() == {"blackhole": 2}
     finally:
         await kv.aclose()
 

@@ -190,11 +190,6 @@ class DynamoDBFaultInjector(BaseFaultInjector):
 
     faults: Mapping[str, FaultKind] = FAULTS
 
-    #: botocore re-sends a request whose reply was lost (standard retry mode), and moto
-    #: ignores the ClientRequestToken that makes a re-sent transaction harmless on the real
-    #: service: the linearizability check tolerates a write applied again within its call.
-    resends_writes = True
-
     def __init__(self) -> None:
         super().__init__()
         self._blackhole: Blackhole | None = None
@@ -235,10 +230,14 @@ class DynamoDBFaultInjector(BaseFaultInjector):
         fault = self.next_fault(operation, eligible=eligible)
         if fault is None:
             return None
-        from botocore.exceptions import ConnectionClosedError  # type: ignore[import-untyped]
+        from botocore.exceptions import (  # type: ignore[import-untyped]
+            ConnectionClosedError,
+            EndpointConnectionError,
+        )
 
         if fault == "reset":
-            raise ConnectionClosedError(endpoint_url=request.url)
+            # Broken before the request left: botocore knows nothing was sent.
+            raise EndpointConnectionError(endpoint_url=request.url)
         if fault == "lost_reply":
             # The request really reaches the server and is applied; the SDK never sees
             # the reply. aiobotocore's own HTTP session sends it (the transport the SDK

@@ -317,10 +317,16 @@ class DynamoDBKV(KVStore):
         self, operation: str, request: dict[str, Any], started: float
     ) -> dict[str, Any]:
         client = await self._get_client()
+        _guard_writes(client)
         retried = False  # did an attempt that may have been applied precede this one?
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
                 response: dict[str, Any] = await getattr(client, operation)(**request)
+            except _AmbiguousWrite as ambiguous:
+                raise BackendUnavailableError(
+                    detail=f"{self.describe()}: the outcome of {operation} is unknown (the "
+                    "connection broke after the request was sent)"
+                ) from ambiguous.__cause__
             except Exception as exc:
                 code = _error_code(exc)
                 meta = getattr(exc, "response", None)
@@ -1024,3 +1030,40 @@ def _message(exc: BaseException) -> str:
 async def _backoff(attempt: int) -> None:
     # Full jitter, capped: unprocessed batches and cancelled transactions only.
     await asyncio.sleep(random.uniform(0, min(2.0, 0.05 * (2**attempt))))
+
+
+#: Writes botocore must never re-send after a broken connection: the first attempt may have
+#: been applied, and a re-send would apply it again over whatever was written in between
+#: (a create re-created after a delete; found by the contract's linearizability check).
+_WRITE_OPERATIONS = frozenset(
+    {"PutItem", "DeleteItem", "UpdateItem", "TransactWriteItems", "BatchWriteItem"}
+)
+_GUARD_MARK = "_agent_stores_no_blind_resend"
+
+
+class _AmbiguousWrite(Exception):
+    """Raised from botocore's needs-retry event instead of a blind re-send of a write."""
+
+
+def _no_blind_resend(
+    caught_exception: BaseException | None = None, operation: Any = None, **_: Any
+) -> None:
+    """A ``needs-retry`` handler run before botocore's own: a write whose connection broke
+    after it was sent (its reply lost) is not re-sent; its outcome is unknown."""
+    if caught_exception is None or getattr(operation, "name", None) not in _WRITE_OPERATIONS:
+        return
+    from botocore.exceptions import (  # type: ignore[import-untyped]
+        ConnectionClosedError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(caught_exception, ConnectionClosedError | ReadTimeoutError):
+        raise _AmbiguousWrite() from caught_exception
+
+
+def _guard_writes(client: Any) -> None:
+    """Install :func:`_no_blind_resend` on ``client`` once (owned and given clients alike)."""
+    if getattr(client, _GUARD_MARK, False):
+        return
+    client.meta.events.register_first("needs-retry.dynamodb", _no_blind_resend)
+    setattr(client, _GUARD_MARK, True)
