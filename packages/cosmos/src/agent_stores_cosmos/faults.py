@@ -47,9 +47,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import aiohttp
-from agent_stores.faults import BaseFaultInjector, FaultKind
-from agent_stores.kv.base import KVStore
-from agent_stores.url import StoreURL
+from agent_stores.backend import BaseFaultInjector, FaultKind, KVStore, StoreURL
 from azure.core.exceptions import ServiceRequestError, ServiceResponseTimeoutError
 from azure.core.pipeline.transport import (
     AioHttpTransport,

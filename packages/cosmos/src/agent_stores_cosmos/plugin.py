@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.faults import FaultInjector
+    from agent_stores.backend import FaultInjector
     from agent_stores.kv.base import KVStore
     from agent_stores.url import StoreURL
 

@@ -45,9 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from agent_stores.faults import BaseFaultInjector, FaultKind
-from agent_stores.kv.base import KVStore
-from agent_stores.url import StoreURL
+from agent_stores.backend import BaseFaultInjector, FaultKind, KVStore, StoreURL
 
 from .kv import DynamoDBKV
 

@@ -20,7 +20,7 @@ from agent_stores.kv.base import KVStore
 from agent_stores.url import StoreURL
 
 if TYPE_CHECKING:
-    from agent_stores.faults import FaultInjector
+    from agent_stores.backend import FaultInjector
     from agent_stores.sessions.port import SessionPort
 
     from .kv import DynamoDBKV

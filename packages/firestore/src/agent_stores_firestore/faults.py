@@ -34,11 +34,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import grpc  # type: ignore[import-untyped]
-from agent_stores.faults import BaseFaultInjector, FaultKind
+from agent_stores.backend import BaseFaultInjector, FaultKind
 
 if TYPE_CHECKING:
-    from agent_stores.kv.base import KVStore
-    from agent_stores.url import StoreURL
+    from agent_stores.backend import KVStore, StoreURL
 
 FAULTS: Mapping[str, FaultKind] = {
     "ABORTED": FaultKind.CONFLICT,

@@ -35,9 +35,7 @@ from typing import Any, TypeVar
 
 import psycopg
 import psycopg.errors
-from agent_stores.faults import BaseFaultInjector, FaultKind
-from agent_stores.kv.base import KVStore
-from agent_stores.url import StoreURL
+from agent_stores.backend import BaseFaultInjector, FaultKind, KVStore, StoreURL
 from psycopg import pq
 from psycopg.abc import PQGen
 

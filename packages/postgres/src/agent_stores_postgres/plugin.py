@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, cast
 from agent_stores.hookspecs import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
+    from agent_stores.backend import FaultInjector
     from agent_stores.checkpointer.port import JournalPort
-    from agent_stores.faults import FaultInjector
     from agent_stores.kv.base import KVStore
     from agent_stores.memory.port import MemoryPort
     from agent_stores.sessions.port import SessionPort

@@ -37,9 +37,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from agent_stores.faults import BaseFaultInjector, FaultKind
-from agent_stores.kv.base import KVStore
-from agent_stores.url import StoreURL
+from agent_stores.backend import BaseFaultInjector, FaultKind, KVStore, StoreURL
 
 from . import lua
 from .config import parse_url

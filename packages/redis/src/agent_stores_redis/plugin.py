@@ -19,7 +19,7 @@ from agent_stores.hookspecs import RegisterBackend, hookimpl
 from agent_stores.kv.base import KVStore
 
 if TYPE_CHECKING:
-    from agent_stores.faults import FaultInjector
+    from agent_stores.backend import FaultInjector
     from agent_stores.memory.port import MemoryPort
     from agent_stores.sessions.port import SessionPort
     from agent_stores.url import StoreURL
