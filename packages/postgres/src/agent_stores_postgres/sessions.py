@@ -232,8 +232,9 @@ class PostgresSessionPort:
         if decision not in (None, "acquire"):
             return GENERIC
         if value is None:
-            # Lost a race for an absent session (or the row changed under the lock).
-            return AcquireReply("courtesy", retry_after=0.0)
+            # Lost a race for an absent session (or the row changed under the lock): the
+            # winner holds it, so wait as for any busy session (the hint goes out at once).
+            return AcquireReply("busy")
         parts = {r[2]: bytes(r[3]) for r in rows or () if r[0] == "chunk"}
         return AcquireReply("acquired", version=version, state=bytes(value), parts=parts)
 

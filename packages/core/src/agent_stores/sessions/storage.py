@@ -1041,7 +1041,10 @@ class KVSessionStorage:
                     ),
                 )
             except ConflictError:
-                return Busy(retry_after=0.0)
+                # Lost the race to create it: the winner holds it now. A plain Busy (not a
+                # retry-now) so the hand-over hint goes out with the queue ticket, or the
+                # winner takes turn after turn until a waiter's later poll leaves one.
+                return Busy()
             return Acquired(
                 LeaseHandle(
                     session_id, scope, owner, 1, lease_end, [], (), version, header, EMPTY_ARRAY
@@ -1098,7 +1101,7 @@ class KVSessionStorage:
             (cas_result,) = await asyncio.gather(cas, return_exceptions=True)
         if isinstance(cas_result, ConflictError):
             self._discard_unreferenced(session_id, scope, refreshed.written)
-            return Busy(retry_after=0.0)
+            return Busy()  # another client took it first (see the create race above)
         if isinstance(cas_result, BaseException):
             raise cas_result
         handle = LeaseHandle(
