@@ -36,6 +36,7 @@ from agent_stores.checkpointer import (
     make_step_id,
 )
 from agent_stores.checkpointer.port import KVJournalPort
+from agent_stores.checkpointer.space import DEFAULT_RUN_TTL_SECONDS
 from agent_stores.kv.base import Operation
 from agent_stores.kv.counting import CountingKV
 
@@ -141,7 +142,7 @@ class CheckpointerContract(ContractBase):
             if generic:
                 options = {"port": KVJournalPort(), **options}
             checkpointer = Checkpointer(
-                kv if kv is not None else kv_factory(), owns_kv=True, namespace=ns, **options
+                kv if kv is not None else kv_factory(), owns_kv=True, scope_prefix=f"{ns}/", **options
             )
             opened.append(checkpointer)
             if generic:
@@ -154,7 +155,7 @@ class CheckpointerContract(ContractBase):
             for checkpointer in opened:
                 await checkpointer.aclose()
             # Leave nothing behind on a shared server: erase every run of this namespace.
-            async with Checkpointer(kv_factory(), owns_kv=True, namespace=ns) as cleaner:
+            async with Checkpointer(kv_factory(), owns_kv=True, scope_prefix=f"{ns}/") as cleaner:
                 while page := await cleaner.list_runs(limit=100):
                     for info in page:
                         await cleaner.delete_run(info.run_id)
@@ -577,8 +578,20 @@ class CheckpointerContract(ContractBase):
         assert [r.run_id for r in page] == ["a", "b"]
         assert [r.run_id for r in await checkpointer.list_runs(start_after="b")] == ["c"]
         info = await checkpointer.get_run_info("a")
-        assert info is not None and info.expires_at is None and info.created_at > 0
+        assert info is not None and info.created_at > 0
+        # Kept for the default retention (30 days after the first write), not forever.
+        assert info.expires_at is not None
+        assert abs(info.expires_at - info.created_at - DEFAULT_RUN_TTL_SECONDS) < 60
         assert await checkpointer.get_run_info("zzz") is None
+
+    async def test_runs_kept_until_deleted_without_retention(
+        self, checkpointer_factory: CheckpointerFactory
+    ) -> None:
+        """``ttl_seconds=None`` turns the default retention off: the run never expires."""
+        checkpointer = checkpointer_factory(ttl_seconds=None)
+        await checkpointer.append("forever", model_step(0))
+        info = await checkpointer.get_run_info("forever")
+        assert info is not None and info.expires_at is None
 
     async def test_delete_run_erases_everything(
         self, checkpointer: Checkpointer, steps: KVStepStore
@@ -624,7 +637,7 @@ class CheckpointerContract(ContractBase):
     ) -> None:
         """With a TTL every record of a run expires at the same instant, measured from its first write:
         entries written later do not outlive the earlier ones, and the run disappears from listings."""
-        checkpointer = checkpointer_factory(kv, ttl=60)
+        checkpointer = checkpointer_factory(kv, ttl_seconds=60)
         await checkpointer.append("r", model_step(0))
         info = await checkpointer.get_run_info("r")
         assert info is not None and info.expires_at is not None

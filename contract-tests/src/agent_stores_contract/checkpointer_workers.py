@@ -29,7 +29,7 @@ from .workers import barrier_args, file_barrier
 async def journal_append(*raw: str) -> None:
     """``URL NAMESPACE RUN WORKER N [--barrier DIR K]``: append N events, one JSON line each."""
     (url, namespace, run_id, worker, count), barrier = barrier_args(raw)
-    async with open_checkpointer(url, namespace=namespace) as checkpointer:
+    async with open_checkpointer(url, scope_prefix=f"{namespace}/") as checkpointer:
         await checkpointer.load(run_id)  # connected before the barrier
         if barrier is not None:
             await file_barrier(*barrier)
@@ -86,7 +86,7 @@ async def step_fail(url: str, namespace: str, run_id: str, counter_file: str) ->
     from pydantic_ai_harness.step_persistence import StepPersistence
 
     agent = build_agent(counter_file, fail_after_tool=True)
-    async with open_checkpointer(url, namespace=namespace) as checkpointer:
+    async with open_checkpointer(url, scope_prefix=f"{namespace}/") as checkpointer:
         store = checkpointer.step_store()
         try:
             await agent.run(
@@ -103,7 +103,7 @@ async def step_resume(url: str, namespace: str, run_id: str, counter_file: str) 
     from pydantic_ai_harness.step_persistence import StepPersistence, continue_run
 
     agent = build_agent(counter_file, fail_after_tool=False)
-    async with open_checkpointer(url, namespace=namespace) as checkpointer:
+    async with open_checkpointer(url, scope_prefix=f"{namespace}/") as checkpointer:
         store = checkpointer.step_store()
         history = await continue_run(store, run_id=run_id)
         resumed_id = f"{run_id}-resumed"

@@ -209,7 +209,7 @@ class DamageContract(ContractBase):
 
         from pydantic_ai_harness.step_persistence import RunRecord
 
-        checkpointer = Checkpointer(kv, namespace=f"{ns}-cp")
+        checkpointer = Checkpointer(kv, scope_prefix=f"{ns}-cp/")
         steps = checkpointer.step_store()
         now = datetime.now(UTC)
         for name in ("good", "bad"):
@@ -228,7 +228,7 @@ class DamageContract(ContractBase):
     async def test_damaged_journal_entry_is_local_to_its_run(self, kv: KVStore, ns: str) -> None:
         """A damaged journal entry: that run's load raises RECORD_CORRUPTED (replay never guesses),
         other runs load and list, and deleting the run clears it."""
-        checkpointer = Checkpointer(kv, namespace=f"{ns}-cp")
+        checkpointer = Checkpointer(kv, scope_prefix=f"{ns}-cp/")
         for run in ("good", "bad"):
             await checkpointer.append(f"{ns}-{run}", JournalEvent.attempted("s1"))
             await checkpointer.append(f"{ns}-{run}", JournalEvent.completed("s1", {"ok": 1}))
@@ -373,7 +373,7 @@ class DamageContract(ContractBase):
         ops_key = (await kv.scan(ops_scopes[0], limit=1, values=False))[0].key
         await plant(kv, ops_scopes[0], ops_key)
 
-        checkpointer = Checkpointer(kv, namespace=f"{ns}-cp")
+        checkpointer = Checkpointer(kv, scope_prefix=f"{ns}-cp/")
         for run in ("good", "bad"):
             await checkpointer.append(run, JournalEvent.attempted("s1"))
             await checkpointer.append(run, JournalEvent.completed("s1", {"ok": run}))

@@ -145,17 +145,17 @@ def test_uncertain_effect_is_typed() -> None:
 async def test_connect_and_open_checkpointer(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/cp.db"
     async with connect(url) as connection:
-        checkpointer = connection.checkpointer(namespace="x")
+        checkpointer = connection.checkpointer(scope_prefix="x/")
         assert isinstance(checkpointer, Checkpointer) and not checkpointer.owns_kv
         assert (await checkpointer.append("r", JournalEvent.completed("s"))) == AppendResult(0)
-    async with open_checkpointer(url, namespace="x") as owned:
+    async with open_checkpointer(url, scope_prefix="x/") as owned:
         assert owned.owns_kv
         assert len(await owned.load("r")) == 1
     assert owned.kv.closed
     with pytest.raises(ValueError):
-        Checkpointer(owned.kv, namespace="a/b")
+        Checkpointer(owned.kv, scope_prefix="")
     with pytest.raises(ValueError):
-        Checkpointer(owned.kv, ttl=0)
+        Checkpointer(owned.kv, ttl_seconds=0)
 
 
 async def test_empty_run_id_is_refused(cp: Checkpointer) -> None:
@@ -306,7 +306,7 @@ async def test_killed_appender_then_retry_exactly_once(tmp_path: Path) -> None:
 
 async def test_ttl_remaining_follows_the_run(tmp_path: Path) -> None:
     kv: KVStore = open_kv(f"sqlite:///{tmp_path}/ttl.db")
-    async with Checkpointer(kv, owns_kv=True, ttl=100) as cp:
+    async with Checkpointer(kv, owns_kv=True, ttl_seconds=100) as cp:
         await cp.append("r", JournalEvent.completed("a"))
         info = await cp.get_run_info("r")
         assert info is not None and info.expires_at is not None

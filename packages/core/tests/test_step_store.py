@@ -45,7 +45,7 @@ def snapshot(
 
 async def test_standalone_store_owns_its_kv(tmp_path: Path) -> None:
     kv = open_kv(f"sqlite:///{tmp_path}/s.db")
-    async with KVStepStore(kv, owns_kv=True, namespace="own") as store:
+    async with KVStepStore(kv, owns_kv=True, scope_prefix="own/") as store:
         await store.register_run(RunRecord(run_id="r"))
         assert (await store.get_run(run_id="r")) is not None
         assert "own" in repr(store)
@@ -133,7 +133,7 @@ async def test_concurrent_snapshot_saves_keep_newest(tmp_path: Path) -> None:
 
 async def test_ttl_covers_step_store_records() -> None:
     kv = open_kv(f"memory://ttl-{uuid.uuid4().hex[:6]}")
-    async with Checkpointer(kv, owns_kv=True, ttl=50) as cp:
+    async with Checkpointer(kv, owns_kv=True, ttl_seconds=50) as cp:
         steps = cp.step_store()
         await steps.register_run(RunRecord(run_id="r", conversation_id="c"))
         await steps.append_event(StepEvent(run_id="r", kind="run_started", step_index=0))

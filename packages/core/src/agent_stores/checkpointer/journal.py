@@ -21,7 +21,7 @@ from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from .codec import decode_record
 from .port import JournalPort
-from .space import DEFAULT_SCOPE_PREFIX, Created, RunSpace, bounded_gather, scope_prefix_option
+from .space import DEFAULT_RUN_TTL_SECONDS, DEFAULT_SCOPE_PREFIX, Created, RunSpace, bounded_gather, scope_prefix_option
 from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
 
 if TYPE_CHECKING:
@@ -40,10 +40,12 @@ def journal_key(event: JournalEvent) -> str:
 class Checkpointer(KVBackedStore):
     """A durable run journal (and, through :meth:`step_store`, a harness ``StepStore``).
 
-    ``Checkpointer(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=None)``. Use it as
-    an async context manager (entering runs the backend's ``setup``); with ``owns_kv=True``
-    closing it closes the KV store. ``ttl_seconds`` makes every run expire, whole, that
-    long after its first write. ``namespace="x"`` (``scope_prefix="x/"``) and ``ttl`` are
+    ``Checkpointer(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=30 days)``. Use it
+    as an async context manager (entering runs the backend's ``setup``); with
+    ``owns_kv=True`` closing it closes the KV store. ``ttl_seconds`` makes every run expire,
+    whole, that long after its first write (default
+    :data:`~agent_stores.checkpointer.space.DEFAULT_RUN_TTL_SECONDS`, 30 days; None keeps
+    runs until deleted). ``namespace="x"`` (``scope_prefix="x/"``) and ``ttl`` are
     the deprecated names of these options. ``port`` is the backend's native
     :class:`~agent_stores.checkpointer.port.JournalPort` (an append in one transaction),
     from its ``journal_port`` hook (asked when None is given), else the generic two-step append.
@@ -55,7 +57,7 @@ class Checkpointer(KVBackedStore):
         *,
         owns_kv: bool = False,
         scope_prefix: str = DEFAULT_SCOPE_PREFIX,
-        ttl_seconds: float | None = None,
+        ttl_seconds: float | None = DEFAULT_RUN_TTL_SECONDS,
         max_snapshots_per_run: int | None = None,
         namespace: str = UNSET,
         ttl: float | None = UNSET,

@@ -120,6 +120,10 @@ async def bounded_gather(calls: Iterable[Callable[[], Awaitable[V]]], limit: int
 
 
 DEFAULT_SCOPE_PREFIX = "cp/"
+#: Default retention of a run: 30 days after its first write, then it expires whole.
+#: Runs are working state, not an archive; kept forever they grow a billed table without
+#: anyone deciding so. ``ttl_seconds=None`` keeps runs until deleted.
+DEFAULT_RUN_TTL_SECONDS: float = 30 * 86_400
 
 
 def scope_prefix_option(owner: str, scope_prefix: str, namespace: Any) -> str:

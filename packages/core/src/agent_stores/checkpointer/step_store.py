@@ -46,6 +46,7 @@ from .space import (
     _BATCH,
     _CACHE_RUNS,
     _MAX_ATTEMPTS,
+    DEFAULT_RUN_TTL_SECONDS,
     DEFAULT_SCOPE_PREFIX,
     LRU,
     RunSpace,
@@ -211,7 +212,7 @@ def retained_seqs(live: list[tuple[int, str, str]], keep: int) -> set[int]:
 class KVStepStore(KVBackedStore):
     """The harness ``StepStore`` (every method) on any agent-stores backend.
 
-    ``KVStepStore(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=None,
+    ``KVStepStore(kv, *, owns_kv=False, scope_prefix="cp/", ttl_seconds=30 days,
     max_snapshots_per_run=None)``,
     or ``checkpointer.step_store()`` to share a :class:`Checkpointer`'s KV and caches.
     ``max_snapshots_per_run`` bounds retained snapshots per run with the harness's rule
@@ -224,7 +225,7 @@ class KVStepStore(KVBackedStore):
         *,
         owns_kv: bool = False,
         scope_prefix: str = DEFAULT_SCOPE_PREFIX,
-        ttl_seconds: float | None = None,
+        ttl_seconds: float | None = DEFAULT_RUN_TTL_SECONDS,
         max_snapshots_per_run: int | None = None,
         space: RunSpace | None = None,
         namespace: str = UNSET,
