@@ -31,7 +31,7 @@ import nox
 
 ROOT = Path(__file__).parent
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["tests", "contract", "synaptum", "lint", "docs"]
+nox.options.sessions = ["tests", "contract", "install", "synaptum", "lint", "docs"]
 # A session whose Python is missing (3.13 for synaptum) fails instead of being skipped.
 nox.options.error_on_missing_interpreters = True
 nox.options.reuse_existing_virtualenvs = True
@@ -378,6 +378,33 @@ def tests(session: nox.Session) -> None:
         # the same servers; here only their own tests, so CI does not run it twice.
         ignored = [f"--ignore={path}" for path in CONTRACT_MODULES]
         session.run("pytest", *paths, *ignored, *session.posargs, env=env)
+
+
+@nox.session(python=False)
+def install(session: nox.Session) -> None:
+    """Every backend installed with plain pip into a fresh venv as docs/install.md says.
+
+    Then, with that venv's own CLI: ``agent-stores check --setup --write`` and one agent
+    conversation (``agent-stores demo``) against a private server.
+    ``-- NAME ...`` limits it to some backends.
+    """
+    names = session.posargs or ["sqlite", *SERVER_BACKENDS]
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        session.error(f"unknown backend(s) {unknown}; known: {sorted(BACKENDS)}")
+    with contextlib.ExitStack() as stack:
+        pairs: list[str] = []
+        for name in names:
+            _, urls = BACKENDS[name]
+            first = next(iter(stack.enter_context(urls()).values()))
+            pairs += ["--url", f"{name}={first}"]
+        # Through the environment, not argv: nox echoes commands, and a URL may hold a password.
+        session.run(
+            sys.executable,
+            str(ROOT / "scripts" / "install_check.py"),
+            env={"AGENT_STORES_INSTALL_CHECK_ARGS": "\n".join(pairs)},
+            external=True,
+        )
 
 
 @nox.session(python=PYTHON)
