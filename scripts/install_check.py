@@ -39,7 +39,9 @@ def requirements(name: str) -> list[str]:
 
 def build_wheelhouse(folder: Path) -> None:
     packages = sorted(str(p.parent) for p in (ROOT / "packages").glob("*/pyproject.toml"))
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), *packages])
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), *packages]
+    )
 
 
 def run(args: list[str], env: dict[str, str] | None = None) -> str:
