@@ -989,6 +989,26 @@ class MemoryContract(ContractBase):
         records = [x for x in leftovers if "~ops" not in x[0] and not x[1].endswith("/")]
         assert records == [(store.directory_scope("u/main"), "a.md")], "tombstones are gone"
 
+    async def test_expired_operation_id_never_swallows_a_write(
+        self, kv: KVStore, memory_factory: MemoryFactory
+    ) -> None:
+        """Once receipt_ttl has passed (exactly on the boundary: expires_at == now), a write with the same operation id is new:
+        it writes its content and is not reported as replayed, even while the old receipt still sits in the
+        file record."""
+        store = memory_factory(kv, receipt_ttl_seconds=60)
+        start = kv.clock()
+        kv.clock = lambda: start  # the store's clock, held still so the boundary is exact
+        first = await store.write("u/main/r.md", "one", expected_version=None, operation=op("x"))
+        assert not first.replayed
+        kv.clock = lambda: start + 60  # expires_at == now: expired
+        assert await store.get_operation(op("x")) is None
+        again = await store.write(
+            "u/main/r.md", "two", expected_version=first.version, operation=op("x")
+        )
+        assert not again.replayed, "a forgotten operation id was taken for a replay"
+        found = await store.read("u/main/r.md", max_chars=100)
+        assert found is not None and found.content == "two"
+
     # -- large files ----------------------------------------------------------------------
 
     async def test_large_file_never_truncated(

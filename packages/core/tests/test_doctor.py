@@ -66,3 +66,20 @@ async def _check_repaired(url: str) -> None:
 def test_doctor_is_listed_in_help() -> None:
     result = CliRunner().invoke(cli, ["--help"])
     assert "doctor" in result.output
+
+
+def test_quarantine_of_a_large_record_on_small_items_uses_few_entries() -> None:
+    """On 1 KiB items (the KV contract's smallest limit) a 4,000-byte record is quarantined in
+    about 4 entries, never one per byte, and reads back byte-equal."""
+    from agent_stores.damage import decode_quarantined, encode_quarantined
+    from agent_stores.kv.base import Entry
+
+    raw = bytes(range(256)) * 15 + b"x" * 160
+    entry = Entry(value=raw, version="v1", expires_at=None)
+    reason = "undecodable: " + "é" * 600
+    parts = encode_quarantined("memory:u/main", "a.md", entry, reason, 1_000.0, 1024)
+    assert len(parts) <= 6, f"{len(parts)} entries for {len(raw)} bytes"
+    assert all(len(value) <= 1024 for _, value in parts)
+    (key, first), *rest = parts
+    found = decode_quarantined(key, first, [value for _, value in rest])
+    assert found.raw == raw and found.origin_key == "a.md" and found.version == "v1"

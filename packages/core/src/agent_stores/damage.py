@@ -95,8 +95,8 @@ class Quarantined:
     raw: bytes
 
 
-# Room for the header line in front of the raw bytes (origin ids are at most ~1 KiB).
-_HEADER_ROOM = 4096
+# Bytes kept free in the first entry for the digits of the header's part count.
+_PARTS_DIGITS = 20
 
 
 def encode_quarantined(
@@ -104,21 +104,35 @@ def encode_quarantined(
 ) -> list[tuple[str, bytes]]:
     """Quarantine entries for ``entry``: a JSON header line, then the raw bytes.
 
-    Bytes that do not fit one value go on in continuation entries ``<key>/<i>``.
+    Bytes that do not fit one value go on in continuation entries ``<key>/<i>``, each as
+    large as the store allows (the header takes room in the first entry only), so a
+    record is split into about ``size / max_value_bytes`` entries even where values are
+    as small as the KV contract allows (1 KiB).
     """
-    room = max(1, max_value_bytes - _HEADER_ROOM)
-    pieces = [entry.value[i : i + room] for i in range(0, len(entry.value), room)] or [b""]
-    header = {
+    header: dict[str, object] = {
         "f": 1,
         "scope": scope,
         "key": key,
         "version": entry.version,
         "reason": reason[:500],
         "at": round(at, 3),
-        "parts": len(pieces),
+        "parts": 0,
     }
+
+    def header_bytes() -> bytes:
+        return json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n"
+
+    # A long reason gives way first: the header must leave room in one value.
+    while len(header_bytes()) + _PARTS_DIGITS > max_value_bytes and header["reason"]:
+        header["reason"] = str(header["reason"])[: len(str(header["reason"])) // 2]
+    first_room = max(0, max_value_bytes - len(header_bytes()) - _PARTS_DIGITS)
+    raw = entry.value
+    pieces = [raw[:first_room]] + [
+        raw[i : i + max_value_bytes] for i in range(first_room, len(raw), max_value_bytes)
+    ]
+    header["parts"] = len(pieces)
     qkey = f"{int(at * 1000):013d}-{uuid.uuid4().hex[:12]}"
-    first = json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n" + pieces[0]
+    first = header_bytes() + pieces[0]
     return [(qkey, first)] + [(f"{qkey}/{i}", piece) for i, piece in enumerate(pieces) if i]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +87,9 @@ class Receipt:
             self.fingerprint,
             self.version,
             int(self.existed),
-            round(self.at, 3),
+            # Floored to the millisecond: rounding up would keep a receipt alive past its
+            # lifetime, and a forgotten operation id must never replay.
+            math.floor(self.at * 1000) / 1000,
         ]
 
     @classmethod
