@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_stores import (
@@ -386,3 +387,49 @@ async def test_file_too_large_for_one_record_writes_nothing() -> None:
     assert await store.read("u/main/huge.md", max_chars=10) is None
     scope = store.directory_scope("u/main")
     assert [item.key async for item in kv.iter_scan(scope, values=False)] == []
+
+
+def test_path_rules_are_the_harness_rules() -> None:
+    """The store keeps a copy of the harness's path rules (so listing needs no harness
+    import): both accept and reject exactly the same paths and prefixes."""
+    import random
+
+    from agent_stores.memory import _harness
+    from pydantic_ai_harness.memory import _store as theirs
+
+    rng = random.Random(7)
+    alphabet = "aZ9_.-/ é\x00\\~:"
+    samples = [
+        *("", ".", "..", "/", "//", "a", "a/", "/a", "a//b", "a/./b", "a/../b", "a..b", ".a"),
+        *("a.", "-", "_", "x" * 200, "x" * 201, "a/" * 20 + "deep.md", "é", "a b", "a\nb"),
+        *("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 8))) for _ in range(3000)),
+    ]
+
+    def outcome(check: Any, value: str) -> str | None:
+        try:
+            check(value)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    for sample in samples:
+        for ours, reference in (
+            (_harness.validate_store_path, theirs.validate_store_path),
+            (_harness.validate_store_prefix, theirs.validate_store_prefix),
+        ):
+            assert outcome(ours, sample) == outcome(reference, sample), repr(sample)
+
+
+def test_lazy_names_are_the_harness_objects() -> None:
+    """``agent_stores.memory`` and its ``_harness`` re-export the real objects on first use."""
+    import agent_stores.memory
+    import pydantic_ai_harness.memory as harness
+    from agent_stores.memory import _harness
+    from agent_stores.memory.store import KVMemoryStore as Store
+
+    assert _harness.MemoryFile is harness.MemoryFile
+    assert _harness.MemoryConflictError is harness.MemoryConflictError
+    assert agent_stores.memory.KVMemoryStore is Store is KVMemoryStore
+    assert {"KVMemoryStore", "append_memory", "read_whole"} <= set(dir(agent_stores.memory))
+    with pytest.raises(AttributeError):
+        _ = agent_stores.memory.NoSuchName  # type: ignore[attr-defined]

@@ -67,7 +67,7 @@ def test_broken_plugin_is_reported_and_others_still_load(plugin_path: Path, tmp_
     assert failure["distribution"] == "broken-backend"
     # sqlite still works with the broken plugin installed.
     db = tmp_path / "still-works.db"
-    check = _run_cli(["check", f"sqlite:///{db}"], plugin_path)
+    check = _run_cli(["check", "--setup", f"sqlite:///{db}"], plugin_path)
     assert check.returncode == 0, check.stderr
     assert "ok" in check.stdout
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import sys
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -48,15 +50,32 @@ _metrics: Any = None
 
 
 def _api() -> bool:
-    """Import the OpenTelemetry API once; False when it is not installed."""
+    """Import the OpenTelemetry API once; False when it is not installed or not in use yet."""
     global _trace, _metrics
     if _trace is None:
-        if not _AVAILABLE:
+        if not _AVAILABLE or not _in_use():
             return False
         from opentelemetry import metrics, trace
 
         _trace, _metrics = trace, metrics
     return True
+
+
+# The API modules through which an application configures a provider, and the variables
+# naming one that the API loads on its first provider lookup.
+_API_MODULES = ("opentelemetry.trace", "opentelemetry.metrics")
+_PROVIDER_VARIABLES = ("OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER")
+
+
+def _in_use() -> bool:
+    """True once a provider may be configured: the API imported, or one named in the environment.
+
+    Until then every span and instrument would be a no-op proxy, so the import (tens of
+    milliseconds, about a quarter of a CLI listing) waits until the application uses it.
+    """
+    return any(name in sys.modules for name in _API_MODULES) or any(
+        name in os.environ for name in _PROVIDER_VARIABLES
+    )
 
 
 P = ParamSpec("P")

@@ -21,7 +21,14 @@ from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from .codec import decode_record
 from .port import JournalPort
-from .space import DEFAULT_RUN_TTL_SECONDS, DEFAULT_SCOPE_PREFIX, Created, RunSpace, bounded_gather, scope_prefix_option
+from .space import (
+    DEFAULT_RUN_TTL_SECONDS,
+    DEFAULT_SCOPE_PREFIX,
+    Created,
+    RunSpace,
+    bounded_gather,
+    scope_prefix_option,
+)
 from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "check": (
         "agent_stores.cli.check:check",
-        "Time a CAS round trip on a URL in a throwaway scope.",
+        "Reach a URL and time reads; creates nothing unless asked.",
     ),
     "setup": ("agent_stores.cli.admin:setup", "Create the backend's tables or schema."),
     "purge": (

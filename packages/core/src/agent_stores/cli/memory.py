@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -29,8 +30,6 @@ def memory(ctx: click.Context, url: str, scope_prefix: str) -> None:
 
 
 async def _with_store(ctx: click.Context, body: Callable[[KVMemoryStore], Awaitable[T]]) -> T:
-    from ..memory._harness import MemoryConflictError
-
     url, scope_prefix = ctx.obj
     try:
         async with open_memory(url, scope_prefix=scope_prefix) as store:
@@ -38,10 +37,19 @@ async def _with_store(ctx: click.Context, body: Callable[[KVMemoryStore], Awaita
     except ValueError as exc:
         # A bad path is the user's typo, not a crash: one line, exit status 1.
         raise click.ClickException(str(exc)) from None
-    except MemoryConflictError:
-        raise click.ClickException(
-            "the file changed meanwhile; nothing was done, try again"
-        ) from None
+    except Exception as exc:
+        if _is_conflict(exc):
+            raise click.ClickException(
+                "the file changed meanwhile; nothing was done, try again"
+            ) from None
+        raise
+
+
+def _is_conflict(exc: Exception) -> bool:
+    # Only the harness raises its MemoryConflictError, so without the harness imported
+    # (``ls`` never imports it) there is none, and another error need not import it.
+    harness = sys.modules.get("pydantic_ai_harness.memory")
+    return harness is not None and isinstance(exc, harness.MemoryConflictError)
 
 
 def _shown(ctx: click.Context) -> str:

@@ -151,6 +151,8 @@ async def show(target: Target, session_id: str, show_messages: bool, as_json: bo
 
 
 def _describe(messages: list[Any]) -> list[str]:
+    if not messages:
+        return []  # without importing Pydantic AI: ``show`` without --messages needs none
     from pydantic_ai.messages import (
         ModelRequest,
         TextPart,

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import native, telemetry
 from ..damage import ProblemLog, quarantine
@@ -30,19 +31,8 @@ from ..errors import (
 from ..kv.base import Entry, KVStore, new_version
 from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
-from ._harness import (
-    MemoryConflictError,
-    MemoryFile,
-    MemoryMutation,
-    MemoryOperation,
-    MemoryOperationConflictError,
-    MemorySearchResult,
-    decode_metadata,
-    encode_metadata,
-    lexical_search,
-    validate_store_path,
-    validate_store_prefix,
-)
+from . import _harness
+from ._harness import validate_store_path, validate_store_prefix
 from ._records import (
     CHUNK_PREFIX,
     INTERNAL_KEY_MARK,
@@ -59,6 +49,17 @@ from ._records import (
     split_utf8,
 )
 from .port import FileWrite, IndexWrite, KVMemoryPort, MemoryPort
+
+if TYPE_CHECKING:
+    # At run time these are looked up on ``_harness`` when used, which imports the
+    # harness (and Pydantic AI) only then: listing paths needs neither.
+    from ._harness import (
+        MemoryFile,
+        MemoryMutation,
+        MemoryOperation,
+        MemoryOperationConflictError,
+        MemorySearchResult,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -211,12 +212,12 @@ class KVMemoryStore(KVBackedStore):
             fetched = await self._fetch(loc.scope, [(loc.name, record)], max_chars, metadata=True)
             if loc.name in fetched:
                 content, metadata = fetched[loc.name]
-                return MemoryFile(
+                return _harness.MemoryFile(
                     content=content,
                     version=str(record.version),
                     operation_id=record.operation_id,
                     truncated=record.length > max_chars,
-                    metadata=decode_metadata(metadata),
+                    metadata=_harness.decode_metadata(metadata),
                 )
             if record.token == previous_token:
                 raise CorruptRecordError(
@@ -237,7 +238,7 @@ class KVMemoryStore(KVBackedStore):
             return None
         if entry.fingerprint != digest(operation.fingerprint):
             raise _reused(operation)
-        return MemoryMutation(version=entry.version, replayed=True, existed=entry.existed)
+        return _harness.MemoryMutation(version=entry.version, replayed=True, existed=entry.existed)
 
     async def write(
         self,
@@ -264,7 +265,7 @@ class KVMemoryStore(KVBackedStore):
     ) -> MemoryMutation:
         """:meth:`write`, recording ``metadata`` with the new version (None or empty: none)."""
         validate_store_path(path)
-        encoded = encode_metadata(metadata)
+        encoded = _harness.encode_metadata(metadata)
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
         return await self._mutate(
@@ -331,7 +332,7 @@ class KVMemoryStore(KVBackedStore):
             or max_chars <= 0
             or max_file_chars <= 0
         ):
-            return MemorySearchResult(matches=[], scanned=0, truncated=False)
+            return _harness.MemorySearchResult(matches=[], scanned=0, truncated=False)
         directory, _, key_prefix = prefix.rpartition("/")
         scope = self._scope(directory)
         base = f"{directory}/" if directory else ""
@@ -382,10 +383,10 @@ class KVMemoryStore(KVBackedStore):
                 text = current.content
                 content_truncated = content_truncated or current.truncated
             files.append((base + name, text))
-        result = await lexical_search(
+        result = await _harness.lexical_search(
             files, query, limit=limit, max_files=max_files, max_chars=max_chars, score_prefix=prefix
         )
-        return MemorySearchResult(
+        return _harness.MemorySearchResult(
             matches=result.matches,
             scanned=result.scanned,
             truncated=result.truncated or content_truncated or len(selected) > max_files,
@@ -484,7 +485,7 @@ class KVMemoryStore(KVBackedStore):
                     if delete and operation is None:
                         # Delete needs no decodable body; a tombstone keeps no receipts.
                         await self.kv.delete(loc.scope, loc.name, expected_version=entry.version)
-                        return MemoryMutation(version=None, replayed=False, existed=True)
+                        return _harness.MemoryMutation(version=None, replayed=False, existed=True)
                 if operation is not None:
                     replay = self._replay(operation, indexed, record)
                     if replay is not None:
@@ -496,12 +497,12 @@ class KVMemoryStore(KVBackedStore):
                 current = record.version if record is not None and live else None
                 if current != expected_version:
                     verb = "deleted" if delete else "written"
-                    raise MemoryConflictError(
+                    raise _harness.MemoryConflictError(
                         f"memory path {loc.path!r} changed before it could be {verb}"
                     )
                 now = self.kv.clock()
                 version = None if delete else new_version()
-                mutation = MemoryMutation(version=version, replayed=False, existed=live)
+                mutation = _harness.MemoryMutation(version=version, replayed=False, existed=live)
                 receipts = self._receipts(record, operation, version, live, now)
                 if delete:
                     if not live and operation is None:
@@ -531,8 +532,8 @@ class KVMemoryStore(KVBackedStore):
                 landed = True
                 await self._after_landing(loc, record, new_record)
                 return mutation
-            raise MemoryConflictError(f"memory path {loc.path!r} kept changing; giving up")
-        except (MemoryConflictError, MemoryOperationConflictError):
+            raise _harness.MemoryConflictError(f"memory path {loc.path!r} kept changing; giving up")
+        except (_harness.MemoryConflictError, _harness.MemoryOperationConflictError):
             # A definite refusal: nothing landed, so the staged chunks are garbage now.
             if staged is not None and not landed:
                 await self._discard(loc.scope, _staged_keys(loc.name, staged))
@@ -573,7 +574,7 @@ class KVMemoryStore(KVBackedStore):
         now = self.kv.clock()
         version = new_version()
         live = record is not None
-        mutation = MemoryMutation(version=version, replayed=False, existed=live)
+        mutation = _harness.MemoryMutation(version=version, replayed=False, existed=live)
         receipts = self._receipts(record, operation, version, live, now)
         new_record, staged = await self._live_record(
             loc, content, metadata, version, operation, receipts, None, now
@@ -655,13 +656,20 @@ class KVMemoryStore(KVBackedStore):
         if indexed is not None:
             if indexed.fingerprint != fingerprint:
                 raise _reused(operation)
-            return MemoryMutation(version=indexed.version, replayed=True, existed=indexed.existed)
+            return _harness.MemoryMutation(
+                version=indexed.version, replayed=True, existed=indexed.existed
+            )
         receipt = record.find_receipt(digest(operation.id)) if record is not None else None
-        if receipt is None:
+        # A receipt past its lifetime is forgotten, as get_operation says: the id is new
+        # again and the write goes ahead (an expired receipt may linger in the record
+        # until the next write drops it).
+        if receipt is None or receipt.at <= self.kv.clock() - self._receipt_ttl:
             return None
         if receipt.fingerprint != fingerprint:
             raise _reused(operation)
-        return MemoryMutation(version=receipt.version, replayed=True, existed=receipt.existed)
+        return _harness.MemoryMutation(
+            version=receipt.version, replayed=True, existed=receipt.existed
+        )
 
     def _receipts(
         self,
@@ -984,6 +992,6 @@ def _token_age(token: str, now: float) -> float:
 
 
 def _reused(operation: MemoryOperation) -> MemoryOperationConflictError:
-    return MemoryOperationConflictError(
+    return _harness.MemoryOperationConflictError(
         f"operation id {operation.id!r} was reused with different arguments"
     )

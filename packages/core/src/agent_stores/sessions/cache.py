@@ -11,8 +11,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pydantic_ai.messages import ModelMessage
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,15 +26,26 @@ The history is ``[*chunk_0, *chunk_1, …, *tail]``. Everything here is pure: no
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from .errors import EffectCall
+
+if TYPE_CHECKING:
+    from pydantic.type_adapter import TypeAdapter
+    from pydantic_ai.messages import ModelMessage
+
+# Pydantic AI (the ``harness`` extra) is imported only when messages are encoded or
+# decoded (see ``messages_adapter``): importing it costs over a second of CPU, which
+# listing or inspecting sessions never needs. A missing install still fails here, on
+# import, as the eager import did, so ``connect().sessions()`` reports it at once.
+if importlib.util.find_spec("pydantic_ai") is None:
+    raise ModuleNotFoundError("No module named 'pydantic_ai'", name="pydantic_ai")
 
 FORMAT = "agent-stores.session/1"
 STATE_KEY = "state"
@@ -259,17 +270,25 @@ def _pair(v: Any) -> tuple[Any, Any]:
 # -- messages -------------------------------------------------------------------------------
 
 
+@cache
+def messages_adapter() -> TypeAdapter[list[ModelMessage]]:
+    """Pydantic AI's ``ModelMessagesTypeAdapter``, imported on first use."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    return ModelMessagesTypeAdapter
+
+
 def encode_messages(messages: Sequence[ModelMessage]) -> bytes:
     """A JSON array of ``messages`` in Pydantic AI's public format."""
     if not messages:
         return EMPTY_ARRAY
-    return ModelMessagesTypeAdapter.dump_json(list(messages))
+    return messages_adapter().dump_json(list(messages))
 
 
 def decode_messages(data: bytes, expected_count: int) -> list[ModelMessage]:
     """Messages from a JSON array; :class:`RecordError` if invalid or not ``expected_count`` long."""
     try:
-        messages = ModelMessagesTypeAdapter.validate_json(data)
+        messages = messages_adapter().validate_json(data)
     except ValueError as exc:
         raise RecordError(f"stored messages do not validate: {str(exc)[:300]}") from None
     if len(messages) != expected_count:

@@ -41,9 +41,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
-
-from pydantic_ai.messages import ModelMessage
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .. import native
 from ..errors import (
@@ -92,6 +90,9 @@ from .records import (
     split_parts,
     without_last,
 )
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
 
 log = logging.getLogger("agent_stores.sessions")
 

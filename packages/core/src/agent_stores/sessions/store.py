@@ -10,9 +10,7 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, TypeVar
-
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .. import telemetry
 from ..errors import ConfigError, ResourceClosedError
@@ -30,6 +28,11 @@ from .info import SessionInfo
 from .port import SessionPort
 from .storage import Acquired, Busy, KVSessionStorage, LeaseHandle, Ticket
 from .sync import NotAwaitable
+
+if TYPE_CHECKING:
+    # Imported at run time only where messages are handled: Pydantic AI is heavy to
+    # import, and listing or inspecting sessions never needs it.
+    from pydantic_ai.messages import ModelMessage
 
 log = logging.getLogger("agent_stores.sessions")
 
@@ -86,6 +89,8 @@ class Session:
         does no I/O (the save happens on exit), so ``await session.replace(...)`` raises a
         TypeError saying so.
         """
+        from pydantic_ai.messages import ModelRequest, ModelResponse
+
         self._turn.check_usable()
         items = list(messages)
         for index, message in enumerate(items):
