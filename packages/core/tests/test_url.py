@@ -40,6 +40,7 @@ def test_immutable_and_hashable() -> None:
         "redis://user:s3cret@host/0",
         "postgresql://app:s3cret@db.example:5432/app?sslmode=require",
         "dynamodb://table?region=eu-west-1&aws_secret_access_key=s3cret",
+        "dynamodb://table?region=eu-west-1&aws_access_key_id=s3cret",
         "cosmos://account?key=s3cret",
         "firestore://proj/coll?token=s3cret",
         "redis://:s3cret@host",

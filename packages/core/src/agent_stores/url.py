@@ -31,6 +31,8 @@ SECRET_QUERY_KEYS = frozenset(
         "access_key",
         "secret_key",
         "aws_secret_access_key",
+        # Not a secret by itself, but masked as the user name of a DynamoDB URL is.
+        "aws_access_key_id",
         "aws_session_token",
         "session_token",
         "account_key",

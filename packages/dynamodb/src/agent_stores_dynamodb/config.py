@@ -4,6 +4,9 @@ Form (see ``docs/dynamodb.md``)::
 
     dynamodb://TABLE?region=eu-west-1&endpoint_url=http://127.0.0.1:5000&prefix=myapp&profile=prod
 
+The region is the URL's ``?region=``, else ``AWS_REGION``, else ``AWS_DEFAULT_REGION``,
+else the profile's (:func:`resolve_region`, applied when the client is made).
+
 Credentials come from botocore's standard chain (environment, shared config/profile,
 container or instance role). As an escape hatch only, a key may be given in the URL,
 either as user info (``dynamodb://KEY_ID:SECRET@TABLE?…``) or as the query options
@@ -25,6 +28,7 @@ the call with :class:`~agent_stores.errors.BackendUnavailableError`; so is
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +84,29 @@ _TABLE_RE = re.compile(r"^[A-Za-z0-9_.\-]{3,255}$")
 # '/' makes that split unambiguous, so two apps in one table can never collide.
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _REGION_RE = re.compile(r"^[a-z0-9\-]{1,50}$")
+
+
+#: Environment variables naming the region, most specific first. botocore reads only
+#: ``AWS_DEFAULT_REGION``; ``AWS_REGION`` is what AWS's other SDKs, Lambda and ECS set and
+#: what these docs tell people to set, so both are honoured (neither is ever written).
+REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
+#: The source :func:`resolve_region` names when it leaves the region to botocore.
+PROFILE_REGION = "the AWS profile config"
+
+
+def resolve_region(region: str | None, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """``(region, where it came from)``: the URL's ``?region=``, else ``AWS_REGION``, else
+    ``AWS_DEFAULT_REGION``; ``(None, PROFILE_REGION)`` leaves it to botocore, which reads
+    the profile's ``region`` from the shared config file."""
+    if region:
+        return region, "the URL's ?region="
+    for name in REGION_ENV:
+        value = environ.get(name, "").strip()
+        if value:
+            if not _REGION_RE.match(value):
+                raise ConfigError(detail=f"{name}={value[:60]!r} is not an AWS region name")
+            return value, name
+    return None, PROFILE_REGION
 
 
 def check_prefix(prefix: str) -> str:

@@ -19,7 +19,11 @@ Every conditional primitive is one request whose ConditionExpression the server 
 Reads are strongly consistent. Throttling (ThrottlingException,
 ProvisionedThroughputExceededException, RequestLimitExceeded), InternalServerError, HTTP
 5xx and broken connections are retried by botocore (``standard`` retry mode: jittered
-exponential backoff, ``max_attempts`` from the URL). Transaction contention, which botocore
+exponential backoff, ``max_attempts`` from the URL), except that a connection which cannot
+be opened (refused, unknown host) to an endpoint that has not yet answered this client is
+tried only :data:`CONNECT_ATTEMPTS` times and then named in a BackendUnavailableError: a
+wrong ``endpoint_url`` or a stopped server is reported in about a second, not after 15 s
+of backoff. Transaction contention, which botocore
 does not retry — TransactionConflictException, and a TransactionCanceledException whose
 CancellationReasons are only TransactionConflict / ThrottlingError /
 ProvisionedThroughputExceeded / None — is retried here with full-jitter exponential backoff
@@ -44,6 +48,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -76,10 +81,12 @@ from agent_stores.url import StoreURL
 from .config import (
     DEFAULT_PREFIX,
     MIN_DEADLINE,
+    PROFILE_REGION,
     DynamoDBSettings,
     check_prefix,
     check_table,
     parse_url,
+    resolve_region,
 )
 
 log = logging.getLogger("agent_stores.dynamodb")
@@ -146,6 +153,12 @@ _BATCH_RETRIES = 8
 #: and the share of the deadline they may spend.
 CONFLICT_RETRIES = 10
 CONFLICT_BUDGET_SHARE = 0.5
+#: Attempts of a request whose TCP connection could not be established (refused, no such
+#: host, unreachable network) while the endpoint has never answered this client: a wrong
+#: endpoint_url or a server that is not running is not worth botocore's 15 s of backoff.
+#: Once the endpoint has answered, such failures (a restart, a DNS blip) get botocore's
+#: full schedule within the deadline, as every other transient fault does.
+CONNECT_ATTEMPTS = 2
 
 
 class TableMissingError(ConfigError):
@@ -205,6 +218,8 @@ class DynamoDBKV(KVStore):
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
+        #: where the region of the owned client came from (for messages)
+        self._region_source = PROFILE_REGION
         # Strings that must never reach a message (explicit credentials from the URL).
         self._secrets = [v for v in settings.credentials.values() if v]
 
@@ -289,7 +304,21 @@ class DynamoDBKV(KVStore):
             read_timeout=settings.read_timeout,
             max_pool_connections=64,
         )
-        return session.create_client("dynamodb", config=config, **settings.client_kwargs())
+        kwargs = settings.client_kwargs()
+        # Passed explicitly rather than written to os.environ: botocore alone would skip
+        # AWS_REGION, and the process environment belongs to the application.
+        region, self._region_source = resolve_region(settings.region, os.environ)
+        if region is not None:
+            kwargs["region_name"] = region
+        return session.create_client("dynamodb", config=config, **kwargs)
+
+    def _region(self) -> str:
+        """The region the client talks to, and where it came from, for messages."""
+        client = self._client
+        region = getattr(getattr(client, "meta", None), "region_name", None)
+        if client is None or not self._owns_client:
+            return f"region {region or '?'}"
+        return f"region {region or '?'} (from {self._region_source})"
 
     async def _aclose(self) -> None:
         context, self._client_context = self._client_context, None
@@ -327,6 +356,8 @@ class DynamoDBKV(KVStore):
                     detail=f"{self.describe()}: the outcome of {operation} is unknown (the "
                     "connection broke after the request was sent)"
                 ) from ambiguous.__cause__
+            except _Unreachable as unreachable:
+                raise self._unreachable(operation, unreachable) from unreachable.__cause__
             except Exception as exc:
                 code = _error_code(exc)
                 meta = getattr(exc, "response", None)
@@ -359,6 +390,17 @@ class DynamoDBKV(KVStore):
                 return response
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _unreachable(self, operation: str, unreachable: _Unreachable) -> BackendUnavailableError:
+        cause = unreachable.__cause__
+        kwargs = getattr(cause, "kwargs", {})
+        endpoint = kwargs.get("endpoint_url") or "the DynamoDB endpoint"
+        reason = self._scrub(str(kwargs.get("error") or cause))[:300]
+        return BackendUnavailableError(
+            detail=f"{self.describe()}: {operation} could not connect to {endpoint} in "
+            f"{unreachable.attempts} attempts: {reason}. Is the server running, and is that "
+            f"the endpoint for {self._region()}?"
+        )
+
     def _conflict_budget(self) -> float:
         deadline = self.deadline_seconds
         return CONFLICT_BUDGET_SHARE * (deadline if deadline is not None else 20.0)
@@ -371,9 +413,10 @@ class DynamoDBKV(KVStore):
         message = self._scrub(_message(exc))
         if code == "ResourceNotFoundException":
             return TableMissingError(
-                detail=f"DynamoDB table {self.table!r} does not exist at {where}; "
-                f"create it (once, with on-demand billing and TTL) with: {SETUP_COMMAND} '{where}' "
-                "(or call `await kv.setup()`); tables are never created implicitly"
+                detail=f"DynamoDB table {self.table!r} does not exist in {self._region()} at "
+                f"{where}; create it there (once, with on-demand billing and TTL) with: "
+                f"{SETUP_COMMAND} '{where}' (or call `await kv.setup()`); reads and writes "
+                "never create a table"
             )
         if code == "ValidationException" and "size" in message.lower():
             return ValueTooLargeError(
@@ -390,7 +433,10 @@ class DynamoDBKV(KVStore):
             return ConfigError(detail=f"{where}: {operation} failed: {code}: {message}")
         name = type(exc).__name__
         if name == "NoRegionError":
-            return ConfigError(detail=f"{where}: no AWS region; add ?region=… or set AWS_REGION")
+            return ConfigError(
+                detail=f"{where}: no AWS region; add ?region=… to the URL, set AWS_REGION (or "
+                "AWS_DEFAULT_REGION), or give the profile a region"
+            )
         if name in {"NoCredentialsError", "PartialCredentialsError"}:
             return ConfigError(
                 detail=f"{where}: no AWS credentials found (environment, ~/.aws, role, or ?profile=)"
@@ -1061,9 +1107,68 @@ def _no_blind_resend(
         raise _AmbiguousWrite() from caught_exception
 
 
+class _Unreachable(Exception):
+    """Raised from botocore's needs-retry event to end the retries of a request that could
+    not connect to an endpoint that never answered; the connect error is its cause."""
+
+    def __init__(self, attempts: int) -> None:
+        super().__init__(f"could not connect in {attempts} attempts")
+        self.attempts = attempts
+
+
+#: Set on a botocore endpoint once any reply (an error reply too) came back through it.
+_ANSWERED_MARK = "_agent_stores_answered"
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """True when ``exc`` is a failure to open the TCP connection (refused, unknown host,
+    unreachable): no request was sent. A reset of an established connection is not one."""
+    import socket
+
+    from botocore.exceptions import EndpointConnectionError
+
+    if not isinstance(exc, EndpointConnectionError):
+        return False
+    # aiobotocore wraps every aiohttp connection error in EndpointConnectionError, a reset
+    # of a pooled connection (ClientOSError) too; only ClientConnectorError (and a bare
+    # DNS failure) say the connection was never opened.
+    error = getattr(exc, "kwargs", {}).get("error")
+    if isinstance(error, socket.gaierror):
+        return True
+    try:
+        import aiohttp  # aiobotocore's transport; another one keeps botocore's retries
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(error, aiohttp.ClientConnectorError)
+
+
+def _fail_fast_unreachable(
+    caught_exception: BaseException | None = None,
+    response: Any = None,
+    endpoint: Any = None,
+    attempts: int = 1,
+    **_: Any,
+) -> None:
+    """A ``needs-retry`` handler run before botocore's own: see :data:`CONNECT_ATTEMPTS`."""
+    if endpoint is None:
+        return
+    if response is not None:
+        setattr(endpoint, _ANSWERED_MARK, True)
+        return
+    if (
+        caught_exception is not None
+        and attempts >= CONNECT_ATTEMPTS
+        and not getattr(endpoint, _ANSWERED_MARK, False)
+        and _never_connected(caught_exception)
+    ):
+        raise _Unreachable(attempts) from caught_exception
+
+
 def _guard_writes(client: Any) -> None:
-    """Install :func:`_no_blind_resend` on ``client`` once (owned and given clients alike)."""
+    """Install :func:`_no_blind_resend` and :func:`_fail_fast_unreachable` on ``client``
+    once (owned and given clients alike)."""
     if getattr(client, _GUARD_MARK, False):
         return
     client.meta.events.register_first("needs-retry.dynamodb", _no_blind_resend)
+    client.meta.events.register_first("needs-retry.dynamodb", _fail_fast_unreachable)
     setattr(client, _GUARD_MARK, True)
