@@ -193,3 +193,28 @@ async def test_a_read_of_a_table_that_exists_nowhere_creates_nothing(
             with pytest.raises(TableMissingError, match="agent-stores setup"):
                 await read(kv)
     assert moto.regions_with(table) == []
+
+
+@pytest.mark.parametrize("case", ["misspelt-table", "wrong-region", "lower-cased"])
+def test_check_creates_nothing_and_names_the_problem(case: str, moto: Moto, table: str) -> None:
+    """`agent-stores check` (read-only by default) on a misspelt table, a wrong region or a
+    lower-cased name reports the missing table with the setup command; boto3 then finds no
+    table of that name in any region (only the real one, in us-east-1)."""
+    from agent_stores.cli import cli
+    from click.testing import CliRunner
+
+    real = table.replace("region", "Region")
+    checked = {"misspelt-table": real + "x", "wrong-region": real, "lower-cased": real.lower()}
+    region = "eu-west-1" if case == "wrong-region" else "us-east-1"
+    try:
+        assert CliRunner().invoke(cli, ["setup", moto.url(real, region="us-east-1")]).exit_code == 0
+        result = CliRunner().invoke(cli, ["check", moto.url(checked[case], region=region)])
+        assert result.exit_code == 1, result.output
+        assert "does not exist" in result.output and "agent-stores setup" in result.output
+        assert f"region {region}" in result.output
+        assert "connected" not in result.output
+        assert moto.secret not in result.output
+        for name in {real, checked[case]}:
+            assert moto.regions_with(name) == (["us-east-1"] if name == real else [])
+    finally:
+        moto.drop(real)

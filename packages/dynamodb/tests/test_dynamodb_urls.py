@@ -28,10 +28,13 @@ def test_minimal_url() -> None:
     }
 
 
-def test_mixed_case_table_through_query() -> None:
-    """URL hosts come back lower-cased, so ?table= keeps a table name's capitals."""
+def test_mixed_case_table_kept_as_written() -> None:
+    """Table names are case-sensitive: the host keeps its capitals, as ?table= does."""
+    assert parse_url("dynamodb://AgentState?region=us-east-1").table == "AgentState"
     assert parse_url("dynamodb://?table=AgentState&region=us-east-1").table == "AgentState"
-    assert parse_url("dynamodb://agentstate?table=AgentState").table == "AgentState"
+    assert parse_url("dynamodb://AgentState?table=AgentState").table == "AgentState"
+    with pytest.raises(ConfigError, match="table given twice"):
+        parse_url("dynamodb://agentstate?table=AgentState")
     with pytest.raises(ConfigError, match="table given twice"):
         parse_url("dynamodb://other?table=AgentState")
 

@@ -138,7 +138,7 @@ class StoreURL:
             scheme=parts.scheme.lower(),
             username=unquote(parts.username) if parts.username is not None else None,
             password=unquote(parts.password) if parts.password is not None else None,
-            host=unquote(parts.hostname) if parts.hostname else None,
+            host=_host_as_written(parts.netloc, parts.hostname),
             port=port,
             path=unquote(parts.path),
             query=query,
@@ -322,3 +322,19 @@ def check_options(where: str, options: Mapping[str, object], *known: str) -> Non
 def _safe_reason(exc: Exception, text: str) -> str:
     reason = str(exc)
     return redact(reason) if text not in reason else "invalid port or host"
+
+
+def _host_as_written(netloc: str, hostname: str | None) -> str | None:
+    """The host with its case kept: DNS ignores case, but a host may name something that
+    does not (a DynamoDB table), and ``urlsplit`` lower-cases ``hostname``."""
+    if not hostname:
+        return None
+    written = netloc.rpartition("@")[2]
+    if written.startswith("["):
+        written = written[1 : written.find("]")]
+    else:
+        written = written.partition(":")[0]
+    written = unquote(written)
+    # Anything unexpected (percent-escapes, IDNA): trust urlsplit's reading.
+    return written if written.lower() == unquote(hostname) else unquote(hostname)
+

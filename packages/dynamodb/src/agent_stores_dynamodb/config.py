@@ -13,8 +13,8 @@ either as user info (``dynamodb://KEY_ID:SECRET@TABLE?…``) or as the query opt
 ``aws_access_key_id``, ``aws_secret_access_key`` and ``aws_session_token``; every
 rendering of the URL masks them (the key id too, since it names an IAM user).
 
-URL hosts are case-insensitive and come back lower-cased, so a table name with capitals
-is given as ``?table=MyTable`` (the host may then be omitted: ``dynamodb://?table=…``).
+The table name is case-sensitive and kept as written (``dynamodb://MyTable``); it may also
+be given as ``?table=MyTable`` (the host may then be omitted: ``dynamodb://?table=…``).
 Unknown options are an error, so a typo never silently falls back to a default.
 
 ``deadline=SECONDS`` bounds every call of the store, botocore's retries included (the
@@ -214,7 +214,7 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
     table = explicit_table or url.host
     if not table:
         raise ConfigError(detail=f"{shown}: missing table name, e.g. dynamodb://agent-stores")
-    if explicit_table and url.host and url.host != explicit_table.lower():
+    if explicit_table and url.host and url.host != explicit_table:
         raise ConfigError(detail=f"{shown}: table given twice (host and ?table=) and they differ")
     check_table(table)
 
