@@ -142,7 +142,10 @@ class CheckpointerContract(ContractBase):
             if generic:
                 options = {"port": KVJournalPort(), **options}
             checkpointer = Checkpointer(
-                kv if kv is not None else kv_factory(), owns_kv=True, scope_prefix=f"{ns}/", **options
+                kv if kv is not None else kv_factory(),
+                owns_kv=True,
+                scope_prefix=f"{ns}/",
+                **options,
             )
             opened.append(checkpointer)
             if generic:

@@ -338,3 +338,25 @@ def test_position_counter_value_is_canonical(position: int) -> None:
     from agent_stores.checkpointer.space import _head_value
 
     assert _head_value(position) == canonical({"next": position})
+
+
+@pytest.mark.parametrize(("first", "then"), [(4096, 65536), (65536, 4096)])
+async def test_pack_names_the_stored_layout_when_the_bytes_were_cut_at_another_size(
+    tmp_path: Path, first: int, then: int
+) -> None:
+    """Bytes already chunked under their content address, at another piece size (written
+    where items were larger or smaller, then copied here), are referenced as they are
+    stored: the stub a store writes for the same bytes reads back whole."""
+    import dataclasses
+
+    from agent_stores.checkpointer.space import RunSpace
+
+    kv: KVStore = open_kv(f"sqlite:///{tmp_path}/layout.db")
+    async with kv:
+        record = {"payload": "".join(str(i) for i in range(40_000))}  # ~190 KB
+        kv.limits = dataclasses.replace(kv.limits, max_value_bytes=first)
+        await RunSpace(kv).pack("r", record, (), None)
+        kv.limits = dataclasses.replace(kv.limits, max_value_bytes=then)
+        space = RunSpace(kv)
+        stub = await space.pack("r", record, (), None)
+        assert await space.unpack("r", json.loads(stub), what="stub") == record

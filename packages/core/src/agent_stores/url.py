@@ -329,12 +329,8 @@ def _host_as_written(netloc: str, hostname: str | None) -> str | None:
     does not (a DynamoDB table), and ``urlsplit`` lower-cases ``hostname``."""
     if not hostname:
         return None
-    written = netloc.rpartition("@")[2]
-    if written.startswith("["):
-        written = written[1 : written.find("]")]
-    else:
-        written = written.partition(":")[0]
-    written = unquote(written)
+    hostport = netloc.rpartition("@")[2]
+    bracketed = hostport.startswith("[")  # an IPv6 literal
+    written = unquote(hostport[1 : hostport.find("]")] if bracketed else hostport.partition(":")[0])
     # Anything unexpected (percent-escapes, IDNA): trust urlsplit's reading.
     return written if written.lower() == unquote(hostname) else unquote(hostname)
-

@@ -427,16 +427,42 @@ class RunSpace:
         size = max(1024, self.kv.limits.max_value_bytes - 64)
         pieces = [data[i : i + size] for i in range(0, len(data), size)]
 
+        conflicted = False
+
         async def put(index: int, piece: bytes) -> None:
+            nonlocal conflicted
             try:
                 await self.kv.create(scope, f"x/{full}/{index:06d}", piece, ttl=ttl)
             except ConflictError:
-                pass  # same address, same bytes: already stored
+                conflicted = True  # same address: these bytes are stored already
 
         await bounded_gather([partial(put, i, p) for i, p in enumerate(pieces)], _WRITE_CONCURRENCY)
+        count = len(pieces)
+        if conflicted:
+            count = await self._stored_pieces(scope, full, data)
         stub = {name: record[name] for name in keep if name in record}
-        stub["blob"] = {"sha256": full, "chunks": len(pieces), "size": len(data)}
+        stub["blob"] = {"sha256": full, "chunks": count, "size": len(data)}
         return canonical(stub)
+
+    async def _stored_pieces(self, scope: str, full: str, data: bytes) -> int:
+        """How many pieces hold ``data`` where it was stored already, maybe cut at another
+        size (written by a backend with other limits, then copied here): the stub must
+        name the stored layout, not the one this store would have cut."""
+        joined = bytearray()
+        count = 0
+        async for item in self.kv.iter_scan(scope, prefix=f"x/{full}/"):
+            if item.entry is None or item.key != f"x/{full}/{count:06d}":
+                break
+            joined += item.entry.value
+            count += 1
+            if len(joined) >= len(data):
+                break
+        if bytes(joined) != data:
+            raise CorruptRecordError(
+                detail=f"run chunks x/{full[:12]}…: the stored pieces do not hold the bytes "
+                "they are addressed by"
+            )
+        return count
 
     async def unpack(self, run_id: str, record: dict[str, Any], *, what: str) -> dict[str, Any]:
         """The full record behind a stub written by :meth:`pack` (other records unchanged)."""

@@ -24,6 +24,7 @@ _COLUMNS = (
     ("created", "created"),
     ("updated", "updated"),
     ("identical", "identical"),
+    ("rechunked", "re-chunked"),
     ("busy", "busy"),
     ("failed", "failed"),
 )
@@ -83,7 +84,10 @@ async def copy(
     """Copy sessions, memory and runs from SRC_URL to DST_URL (resumable).
 
     Safe while SRC is in use: a session under an active turn is retried, then reported.
-    A rerun skips what the destination already holds unchanged; nothing is deleted there.
+    A rerun skips what the destination already holds unchanged; nothing that was there
+    before is deleted. Records larger than DST holds are re-chunked to its limit; one that
+    cannot be split fails its unit (listed by --dry-run), and a failed unit leaves nothing
+    behind in DST.
     """
     from rich.console import Console
 
@@ -150,6 +154,11 @@ async def copy(
             "kinds": summary_rows(report),
             "busy": {k: s.busy for k, s in report.kinds.items() if s.busy},
             "failed": {k: s.failed for k, s in report.kinds.items() if s.failed},
+            "too_large": {
+                k: [t.as_dict() for t in s.too_large]
+                for k, s in report.kinds.items()
+                if s.too_large
+            },
         }
         if checked is not None:
             doc["verify"] = {
@@ -245,6 +254,11 @@ def _problems(out: Console, report: TransferReport, redact: Redactor) -> None:
         return escape(redact(text))
 
     for kind, stats in report.kinds.items():
+        for t in stats.too_large:
+            out.print(
+                f"[red]too large[/] {kind} {safe(t.scope)} {safe(t.key)}: {t.size} bytes, "
+                f"the destination holds {t.limit} ({safe(t.reason)})"
+            )
         for scope in stats.busy:
             out.print(f"[yellow]busy[/] {kind} {safe(scope)}: in use for the whole wait; run again")
         for scope, error in stats.failed:

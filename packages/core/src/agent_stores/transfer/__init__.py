@@ -15,6 +15,7 @@ from .copy import (
     parse_kinds,
     summary_rows,
 )
+from .rechunk import TooLarge
 from .redact import Redactor
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Layout",
     "Progress",
     "Redactor",
+    "TooLarge",
     "Transfer",
     "TransferReport",
     "parse_kinds",

@@ -9,6 +9,14 @@ byte: histories and recovery latches, memory versions, metadata and operation re
 journals, snapshots and tool effects. It works for every backend that implements the
 contract, third-party ones included.
 
+A unit holding an entry larger than the destination's ``max_value_bytes`` (SQLite holds
+4 MB, DynamoDB 400 KB) is *re-chunked* on the way (:mod:`.rechunk`): the stores' chunk
+layouts are cut again at the destination's size and the part or chunk counts in the
+records that reference them rewritten, which changes no version, receipt, latch or
+expiry. ``verify`` compares such a unit by content instead of key by key. A record that
+cannot be split (a session state, a run record) fails its unit before anything is
+written, and :meth:`Transfer.copy` lists it (also in a dry run).
+
 Why this is safe while the source is in use:
 
 * a scope is read twice; it counts as copied only when both reads saw the same entry
@@ -16,7 +24,11 @@ Why this is safe while the source is in use:
   copied again;
 * a session whose lease is held (a turn is running) is not copied; it is retried later,
   and reported as busy when the lease is still held after ``busy_timeout`` seconds;
-* chunks are written before the head records that reference them.
+* chunks are written before the head records that reference them;
+* a unit that fails midway is taken back out: the entries this copy created for it in
+  the destination are deleted again (never entries that were there before), and a run
+  that failed leaves no entry in the run listing or lineage indexes, so a failed unit
+  leaves nothing half-copied behind.
 
 Why a rerun resumes: a destination entry equal to the source one (value, and expiry to
 within a second) is left alone, a different one is replaced, a missing one created. The
@@ -34,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AppError, ConflictError
 from ..kv.base import Entry, KVStore
+from .rechunk import TooLarge, content_view, fit, oversized
 
 if TYPE_CHECKING:
     from ..sessions import SessionStore
@@ -44,9 +57,11 @@ KINDS: tuple[str, ...] = ("sessions", "memory", "runs")
 #: Expiries closer than this count as equal (backends keep them at different precisions).
 EXPIRY_TOLERANCE = 1.0
 _PAGE = 500
-# Keys of immutable chunks (sessions ``h/``, memory ``~c/``, runs ``x/`` and ``m/``) go
-# first and head records last, so a copy cut short never leaves a head without its chunks.
-_CHUNK_PREFIXES = ("~", "h/", "x/", "m/")
+# Keys of immutable chunks (sessions ``h/``, memory ``~c/``, runs ``x/``) go first, then
+# snapshot messages ``m/`` (records that may reference ``x/`` chunks, referenced by
+# snapshots), head records last: a copy cut short never leaves a head without its chunks.
+_CHUNK_PREFIXES = ("~", "h/", "x/")
+_MESSAGE_PREFIX = "m/"
 _HEAD_KEYS = frozenset({"state", "run", "sp"})
 
 
@@ -83,6 +98,11 @@ class KindStats:
     mismatches: list[tuple[str, str, str]] = field(default_factory=list)
     extra: int = 0
     """Verification: records present only in the destination (not an error)."""
+    rechunked: int = 0
+    """Units re-chunked for the destination's value limit (copy) or compared by content
+    because of it (verify)."""
+    too_large: list[TooLarge] = field(default_factory=list)
+    """Records larger than the destination holds that cannot be split (their units fail)."""
 
 
 @dataclass(slots=True)
@@ -118,6 +138,18 @@ class _Busy(Exception):
 
 class _Changing(Exception):
     """The scope kept changing while it was read."""
+
+
+class _TooLarge(Exception):
+    """The unit holds records the destination cannot hold, even re-chunked."""
+
+    def __init__(self, records: list[TooLarge]) -> None:
+        super().__init__(records)
+        self.records = records
+
+
+class _UnitFailed(Exception):
+    """The unit's copy failed; the message says why and what was taken back out."""
 
 
 class Transfer:
@@ -180,19 +212,46 @@ class Transfer:
         report = TransferReport({k: KindStats() for k in plan}, dry_run=dry_run)
         for kind, scopes in plan.items():
             stats = report.kinds[kind]
-            deferred = await self._run_all(kind, scopes, stats, dry_run)
-            deadline = time.monotonic() + self.busy_timeout
-            delay = 0.05
-            while deferred and time.monotonic() < deadline:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                deferred = await self._run_all(kind, deferred, stats, dry_run)
-            stats.busy.extend(deferred)
+            for phase in self._phases(kind, scopes):
+                # The run listing and lineage indexes come after every run, so the entries
+                # of runs that failed (or stayed busy) can be left out of them.
+                skip = self._failed_runs(stats) if kind == "runs" else frozenset()
+                deferred = await self._run_all(kind, phase, stats, dry_run, skip)
+                deadline = time.monotonic() + self.busy_timeout
+                delay = 0.05
+                while deferred and time.monotonic() < deadline:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    deferred = await self._run_all(kind, deferred, stats, dry_run, skip)
+                stats.busy.extend(deferred)
+            stats.too_large.sort(key=lambda t: (t.scope, t.key))
         report.seconds = time.monotonic() - started
         return report
 
+    def _phases(self, kind: str, scopes: Sequence[str]) -> list[list[str]]:
+        if kind != "runs":
+            return [list(scopes)]
+        run_prefix = self._run_prefix
+        runs = [s for s in scopes if s.startswith(run_prefix)]
+        return [runs, [s for s in scopes if not s.startswith(run_prefix)]]
+
+    @property
+    def _run_prefix(self) -> str:
+        return f"{self.layout.runs_namespace}/run/"
+
+    def _failed_runs(self, stats: KindStats) -> frozenset[str]:
+        """Ids of the runs not copied (failed or busy): index entries naming them are skipped."""
+        prefix = self._run_prefix
+        scopes = [s for s, _ in stats.failed] + stats.busy
+        return frozenset(s[len(prefix) :] for s in scopes if s.startswith(prefix))
+
     async def _run_all(
-        self, kind: str, scopes: Sequence[str], stats: KindStats, dry_run: bool
+        self,
+        kind: str,
+        scopes: Sequence[str],
+        stats: KindStats,
+        dry_run: bool,
+        skip: frozenset[str] = frozenset(),
     ) -> list[str]:
         """Copy ``scopes`` ``jobs`` at a time; returns the busy ones."""
         semaphore = asyncio.Semaphore(self.jobs)
@@ -201,40 +260,79 @@ class Transfer:
         async def one(scope: str) -> None:
             async with semaphore:
                 try:
-                    await self._copy_scope(kind, scope, stats, dry_run)
-                except _Busy:
+                    await self._copy_scope(kind, scope, stats, dry_run, skip)
+                except (_Busy, _Changing):
                     busy.append(scope)
-                except _Changing:
-                    busy.append(scope)
-                except (AppError, ValueError, OSError) as exc:
+                except _TooLarge as exc:
+                    stats.too_large.extend(exc.records)
+                    stats.failed.append((scope, self._describe_error(_too_large_message(exc))))
+                except _UnitFailed as exc:
                     stats.failed.append((scope, self._describe_error(f"{exc}")))
 
         await asyncio.gather(*(one(s) for s in scopes))
         return sorted(busy)
 
-    async def _copy_scope(self, kind: str, scope: str, stats: KindStats, dry_run: bool) -> None:
-        for _ in range(5):
-            await self._check_lease(kind, scope)
-            source = await _snapshot(self.src, scope)
-            target = await _snapshot(self.dst, scope)
-            plan = _diff(source, target)
-            if not dry_run:
-                await self._apply(scope, source, target, plan)
-            again = await _snapshot(self.src, scope)
-            await self._check_lease(kind, scope)
-            if _versions(again) != _versions(source):
-                continue
-            stats.scopes += 1
-            stats.records += len(source)
-            size = sum(len(e.value) for e in source.values())
-            stats.bytes += size
-            stats.created += sum(1 for a in plan.values() if a == "create")
-            stats.updated += sum(1 for a in plan.values() if a == "replace")
-            stats.identical += len(source) - len(plan)
-            if self.progress is not None:
-                self.progress(Progress(kind, scope, len(source), size))
-            return
-        raise _Changing(scope)
+    async def _copy_scope(
+        self, kind: str, scope: str, stats: KindStats, dry_run: bool, skip: frozenset[str]
+    ) -> None:
+        # What this copy created in the destination for this unit (key -> version), and
+        # creates whose outcome is unknown (key -> value): taken back out if the unit fails.
+        created: dict[str, str] = {}
+        unsure: dict[str, bytes] = {}
+        try:
+            for _ in range(5):
+                await self._check_lease(kind, scope)
+                source = await _snapshot(self.src, scope)
+                target = await _snapshot(self.dst, scope)
+                fitted = fit(
+                    kind,
+                    scope,
+                    source,
+                    self.dst.limits.max_value_bytes,
+                    now=self.dst.clock(),
+                    existing=target,
+                )
+                if fitted.too_large:
+                    raise _TooLarge(fitted.too_large)
+                wanted = {k: e for k, e in fitted.entries.items() if k not in skip}
+                plan = _diff(wanted, target)
+                if not dry_run:
+                    await self._apply(scope, wanted, target, plan, created, unsure)
+                again = await _snapshot(self.src, scope)
+                await self._check_lease(kind, scope)
+                if _versions(again) != _versions(source):
+                    continue
+                stats.scopes += 1
+                stats.records += len(source)
+                size = sum(len(e.value) for e in source.values())
+                stats.bytes += size
+                stats.created += sum(1 for a in plan.values() if a == "create")
+                stats.updated += sum(1 for a in plan.values() if a == "replace")
+                stats.identical += len(wanted) - len(plan)
+                stats.rechunked += fitted.rechunked
+                if self.progress is not None:
+                    self.progress(Progress(kind, scope, len(source), size))
+                return
+            raise _Changing(scope)
+        except (_Busy, _Changing, _TooLarge):
+            if created or unsure:
+                await self._undo(scope, created, unsure)
+            raise
+        except (AppError, ValueError, OSError) as exc:
+            message = f"{exc}"
+            if created or unsure:
+                removed, left = await self._undo(scope, created, unsure)
+                if left:
+                    message += (
+                        f"; {left} entr{'y' if left == 1 else 'ies'} it created could not be "
+                        "removed from the destination (copy again to complete the unit)"
+                    )
+                elif removed:
+                    message += (
+                        f"; the {removed} entr{'y' if removed == 1 else 'ies'} it had created "
+                        "in the destination were removed"
+                    )
+            raise _UnitFailed(message) from exc
 
     async def _check_lease(self, kind: str, scope: str) -> None:
         if kind != "sessions" or self.src_sessions is None:
@@ -248,10 +346,16 @@ class Transfer:
             raise _Busy(scope)
 
     async def _apply(
-        self, scope: str, source: dict[str, Entry], target: dict[str, Entry], plan: dict[str, str]
+        self,
+        scope: str,
+        wanted: dict[str, Entry],
+        target: dict[str, Entry],
+        plan: dict[str, str],
+        created: dict[str, str],
+        unsure: dict[str, bytes],
     ) -> None:
         for key in sorted(plan, key=_write_order):
-            entry = source[key]
+            entry = wanted[key]
             ttl = _ttl(entry, self.dst.clock())
             if ttl is not None and ttl <= 0:
                 continue  # expired on the way: the source no longer has it either
@@ -259,26 +363,71 @@ class Transfer:
             for _ in range(3):
                 try:
                     if current is None:
-                        await self.dst.create(scope, key, entry.value, ttl=ttl)
+                        unsure[key] = entry.value
+                        version = await self.dst.create(scope, key, entry.value, ttl=ttl)
+                        created[key] = version
                     else:
-                        await self.dst.replace(
+                        version = await self.dst.replace(
                             scope, key, entry.value, expected_version=current.version, ttl=ttl
                         )
+                        if key in created:  # ours, from an earlier attempt at this unit
+                            created[key] = version
+                    unsure.pop(key, None)
                     break
                 except ConflictError:
+                    unsure.pop(key, None)
                     # Someone wrote the destination meanwhile: take its current version.
+                    # (Or a client library re-sent our own create after a lost reply.)
+                    mine = current is None and key not in target
                     current = await self.dst.get(scope, key)
                     if current is not None and _same(entry, current):
+                        if mine and key not in created:
+                            created[key] = current.version
                         break
             else:
                 raise ConflictError(
                     detail=f"{scope!r}/{key!r} kept changing in the destination", key=key
                 )
 
+    async def _undo(
+        self, scope: str, created: dict[str, str], unsure: dict[str, bytes]
+    ) -> tuple[int, int]:
+        """Delete what this copy created for the unit, heads first; ``(removed, left)``.
+
+        Each delete is conditional on the version written, so an entry someone rewrote
+        since is theirs and stays. A create whose reply was lost counts as ours when the
+        key (absent before the copy) holds exactly the bytes sent.
+        """
+        removed = left = 0
+        for key, value in list(unsure.items()):
+            try:
+                entry = await self.dst.get(scope, key)
+            except (AppError, OSError):
+                left += 1
+                continue
+            if entry is not None and entry.value == value:
+                created[key] = entry.version
+        for key in sorted(created, key=_write_order, reverse=True):
+            try:
+                if await self.dst.delete(scope, key, expected_version=created[key]):
+                    removed += 1
+            except ConflictError:
+                pass  # rewritten by someone else meanwhile: no longer ours to remove
+            except (AppError, OSError):
+                left += 1
+        created.clear()
+        unsure.clear()
+        return removed, left
+
     # -- verification ---------------------------------------------------------------------
 
     async def verify(self, *, plan: dict[str, list[str]] | None = None) -> TransferReport:
-        """Compare every source record with the destination's (value and expiry)."""
+        """Compare every source record with the destination's (value and expiry).
+
+        A unit holding records larger than the destination holds was re-chunked by the
+        copy, so it is compared by content (:func:`~.rechunk.content_view`): records
+        with the data their chunks hold, chunk parts joined, however they are cut.
+        """
         started = time.monotonic()
         plan = plan if plan is not None else await self.plan()
         report = TransferReport({k: KindStats() for k in plan}, verified=True)
@@ -299,9 +448,13 @@ class Transfer:
                     except (AppError, ValueError, OSError) as exc:
                         stats.failed.append((scope, self._describe_error(f"{exc}")))
                         return
+                    size = sum(len(e.value) for e in source.values())
+                    if oversized(source, self.dst.limits.max_value_bytes):
+                        stats.rechunked += 1
+                        source = content_view(kind, source)
+                        target = content_view(kind, target)
                     stats.scopes += 1
                     stats.records += len(source)
-                    size = sum(len(e.value) for e in source.values())
                     stats.bytes += size
                     for key, entry in source.items():
                         other = target.get(key)
@@ -378,9 +531,20 @@ def _ttl(entry: Entry, now: float) -> float | None:
 def _write_order(key: str) -> tuple[int, str]:
     if key.startswith(_CHUNK_PREFIXES):
         return (0, key)
+    if key.startswith(_MESSAGE_PREFIX):
+        return (1, key)
     if key in _HEAD_KEYS or key.startswith("head/"):
-        return (2, key)
-    return (1, key)
+        return (3, key)
+    return (2, key)
+
+
+def _too_large_message(exc: _TooLarge) -> str:
+    first = exc.records[0]
+    more = f" (and {len(exc.records) - 1} more)" if len(exc.records) > 1 else ""
+    return (
+        f"{first.key!r} is {first.size} bytes, more than the destination holds "
+        f"({first.limit} bytes per entry): {first.reason}{more}; the unit was not copied"
+    )
 
 
 def parse_kinds(values: Iterable[str]) -> list[str]:
@@ -415,6 +579,8 @@ def summary_rows(report: TransferReport) -> list[dict[str, Any]]:
                 "failed": len(s.failed),
                 "mismatches": len(s.mismatches),
                 "only_in_destination": s.extra,
+                "rechunked": s.rechunked,
+                "too_large": len(s.too_large),
             }
         )
     return rows
