@@ -3,8 +3,15 @@
 Standard library only, so nox, ``.ci/run`` and a bare ``python`` can use it before any
 virtualenv exists. The server is installed with the machine's ``npm`` into a cache folder
 (``$AGENT_STORES_COSMOS_SERVER_DIR``, else ``~/.cache/agent-stores/cosmosdb-server``) the
-first time it is needed, then started as ``node …/cli.js -p PORT --no-ssl --host 127.0.0.1``
-on a free port. It keeps everything in memory: stopping it erases the data.
+first time it is needed, then started as ``node …/cli.js -p 0 --no-ssl --host 127.0.0.1``:
+the server binds a port the kernel picks and prints it, so two runs on one machine can
+never be handed the same port. It keeps everything in memory: stopping it erases the data.
+
+The cache folder is shared by every checkout and CI run on the machine, so installing is
+safe to run concurrently: it holds ``flock`` on ``install.lock`` in that folder, installs
+into a private temporary folder beside the final one and renames it into place (a reader
+sees either no install or a complete one), and when npm fails the error carries only the
+last lines of npm's output and names the file holding the whole log.
 
 That server is not Azure Cosmos DB. Its known gaps (see ``docs/cosmos.md``): batches are
 not atomic, no ``OFFSET/LIMIT``, queries ignore the partition key header, a point read of
@@ -28,8 +35,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -48,6 +58,14 @@ from pathlib import Path
 URL_ENV = "AGENT_STORES_TEST_COSMOS_URL"
 DIR_ENV = "AGENT_STORES_COSMOS_SERVER_DIR"
 PACKAGE = "@vercel/cosmosdb-server@1.0.1"
+#: Another npm spec of the same package (a mirror's tarball, a local ``.tgz``) to install
+#: instead of :data:`PACKAGE`.
+PACKAGE_ENV = "AGENT_STORES_COSMOS_SERVER_PACKAGE"
+LOCK_NAME = "install.lock"
+#: Leftovers of an install that was killed start with this (removed under the lock).
+PARTIAL_PREFIX = ".partial-"
+#: Lines of npm's output an install error carries (the whole log goes to a file).
+ERROR_TAIL_LINES = 20
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_DIR = REPO_ROOT / ".servers" / "cosmos"
 HOST = "127.0.0.1"
@@ -67,12 +85,32 @@ class ServerError(RuntimeError):
     """The server could not be installed, started or stopped."""
 
 
+#: What ``cli.js`` prints once it listens (it prints the port it got, also for ``-p 0``).
+_READY_RE = re.compile(r"Ready to accept HTTPS? connections at \S+:(\d+)")
+
+
 def install_dir() -> Path:
     """Where the npm package is installed (created on demand)."""
     configured = os.environ.get(DIR_ENV)
     if configured:
         return Path(configured)
     return Path.home() / ".cache" / "agent-stores" / "cosmosdb-server"
+
+
+def package_spec() -> str:
+    """The npm spec installed: ``$AGENT_STORES_COSMOS_SERVER_PACKAGE``, else :data:`PACKAGE`."""
+    return os.environ.get(PACKAGE_ENV) or PACKAGE
+
+
+def installed_folder(spec: str | None = None) -> Path:
+    """The folder inside :func:`install_dir` that holds the install of ``spec``.
+
+    One folder per spec, so changing the spec never reuses (or half-overwrites) another.
+    """
+    spec = spec or package_spec()
+    readable = re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-")[:60] or "package"
+    digest = hashlib.sha256(spec.encode("utf-8")).hexdigest()[:10]
+    return install_dir() / f"{readable}-{digest}"
 
 
 def _cli_path(folder: Path) -> Path:
@@ -103,9 +141,9 @@ def _missing_runtime() -> str | None:
             f"the Cosmos test server needs Node.js >= {MIN_NODE_MAJOR}; "
             f"found {node} (major version {major})"
         )
-    if not _cli_path(install_dir()).exists() and shutil.which("npm") is None:
+    if not _cli_path(installed_folder()).exists() and shutil.which("npm") is None:
         return (
-            f"the Cosmos test server is installed with npm (npm install {PACKAGE}); "
+            f"the Cosmos test server is installed with npm (npm install {package_spec()}); "
             "`npm` is not on PATH (Debian: apt-get install npm)"
         )
     return None
@@ -117,29 +155,108 @@ def available() -> bool:
 
 
 def ensure_installed() -> Path:
-    """Install the npm package into :func:`install_dir` unless it is there; returns ``cli.js``."""
+    """Install the npm package unless it is installed; returns its ``cli.js``.
+
+    Safe to call from several processes at once on one cache folder (see the module doc).
+    """
     problem = _missing_runtime()
     if problem is not None:
         raise ServerError(problem)
-    folder = install_dir()
-    cli = _cli_path(folder)
+    spec = package_spec()
+    target = installed_folder(spec)
+    cli = _cli_path(target)
     if cli.exists():
         return cli
-    folder.mkdir(parents=True, exist_ok=True)
+    cache = install_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    with _install_lock(cache):
+        if not cli.exists():  # else another process installed it while we waited
+            _install(spec, cache, target)
+    return cli
+
+
+@contextlib.contextmanager
+def _install_lock(cache: Path) -> Iterator[None]:
+    """Hold ``flock`` on the cache folder's lock file (waits for another installer)."""
+    path = cache / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # A bounded wait: an installer that hangs must not block every later run forever.
+        deadline = time.monotonic() + INSTALL_TIMEOUT + 60
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ServerError(
+                        f"another process has held {path} for over {INSTALL_TIMEOUT + 60:.0f} s "
+                        "(a hung npm install?); stop it, or set "
+                        f"${DIR_ENV} to another folder"
+                    ) from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _install(spec: str, cache: Path, target: Path) -> None:
+    """``npm install spec`` into a temporary folder, renamed to ``target`` once complete.
+
+    Call it holding the lock: any partial folder left in ``cache`` is then a dead one's.
+    """
+    for stale in cache.glob(f"{PARTIAL_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
     npm = shutil.which("npm")
     assert npm is not None
-    result = subprocess.run(
-        [npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder), PACKAGE],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=INSTALL_TIMEOUT,
+    work = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=cache))
+    work.chmod(0o755)  # mkdtemp's 0700 would hide the install from other users of the cache
+    argv = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(work), spec]
+    try:
+        try:
+            result = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,  # one stream, in the order npm wrote it
+                check=False,
+                timeout=INSTALL_TIMEOUT,
+            )
+            output = result.stdout.decode("utf-8", "replace")
+            failure = None if result.returncode == 0 else f"exited with {result.returncode}"
+        except subprocess.TimeoutExpired as exc:
+            output = (exc.stdout or b"").decode("utf-8", "replace")
+            failure = f"did not finish within {INSTALL_TIMEOUT:.0f} s"
+        if failure is None and not _cli_path(work).exists():
+            failure = f"finished, but {_cli_path(work).relative_to(work)} is missing"
+        if failure is not None:
+            log = _write_log(cache, argv, failure, output)
+            raise ServerError(install_error(spec, cache, failure, output, log))
+        if target.exists():
+            # An earlier install without cli.js (damaged by hand): move it out of the way.
+            trash = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=cache))
+            os.rename(target, trash / "old")
+            shutil.rmtree(trash, ignore_errors=True)
+        os.rename(work, target)  # atomic: readers see no install or a whole one
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # nothing left there after the rename
+
+
+def _write_log(cache: Path, argv: list[str], failure: str, output: str) -> Path:
+    fd, name = tempfile.mkstemp(prefix="npm-install-failed-", suffix=".log", dir=cache)
+    with os.fdopen(fd, "w", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(argv)}\n# {failure}\n{output}")
+    return Path(name)
+
+
+def install_error(spec: str, cache: Path, failure: str, output: str, log: Path) -> str:
+    """The message of a failed install: the last lines of npm's output, and the log's path."""
+    lines = [line[:300] for line in output.rstrip().splitlines()[-ERROR_TAIL_LINES:]]
+    tail = "\n".join(f"  {line}" for line in lines) or "  (no output)"
+    return (
+        f"npm install {spec} into {cache} failed ({failure}); the last {len(lines)} lines "
+        f"of its output:\n{tail}\nthe whole log: {log}"
     )
-    if result.returncode != 0 or not cli.exists():
-        raise ServerError(
-            f"npm install {PACKAGE} into {folder} failed:\n{result.stdout}{result.stderr}"
-        )
-    return cli
 
 
 def free_port() -> int:
@@ -174,19 +291,25 @@ def url_for(port: int, prefix: str | None = None) -> str:
 
 @dataclass
 class CosmosServer:
-    """One ``cosmosdb-server`` process on ``127.0.0.1:port``."""
+    """One ``cosmosdb-server`` process on ``127.0.0.1:port`` (``port`` 0: the kernel picks
+    one when the server binds; :meth:`start` sets the one it got)."""
 
     port: int
     logfile: Path
     pid: int | None = None
 
     def start(self) -> None:
-        """Start the process and wait until it answers; never leaves a half-started one."""
+        """Start the process and wait until it listens; never leaves a half-started one.
+
+        Ready means *this* process printed that it listens (then it answers): a server of
+        another run answering on the same port must never pass for ours.
+        """
         cli = ensure_installed()
         node = shutil.which("node")
         assert node is not None
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         with self.logfile.open("ab") as log:
+            offset = log.tell()  # the file may hold earlier runs' lines
             proc = subprocess.Popen(
                 [node, str(cli), "-p", str(self.port), "--no-ssl", "--host", HOST],
                 stdin=subprocess.DEVNULL,
@@ -196,13 +319,29 @@ class CosmosServer:
             )
         self.pid = proc.pid
         deadline = time.monotonic() + START_TIMEOUT
-        while not _answers(self.port):
+        while True:
+            port = self._listening_port(offset)
+            if port is not None and proc.poll() is None and _answers(port):
+                self.port = port
+                return
             if proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise ServerError(
-                    f"cosmosdb-server on port {self.port} did not answer; see {self.logfile}"
+                    f"cosmosdb-server (asked for port {self.port or 'any'}) did not start; "
+                    f"see {self.logfile}"
                 )
             time.sleep(0.05)
+
+    def _listening_port(self, offset: int) -> int | None:
+        """The port from the server's "Ready to accept HTTP connections at HOST:PORT" line."""
+        try:
+            with self.logfile.open("rb") as log:
+                log.seek(offset)
+                text = log.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        match = _READY_RE.search(text)
+        return int(match.group(1)) if match else None
 
     def stop(self) -> None:
         """Stop the process (SIGTERM, then SIGKILL) and wait until it is gone."""
@@ -243,7 +382,7 @@ def _alive(pid: int) -> bool:
 def cosmos_server() -> Iterator[dict[str, str]]:
     """Start a private server, yield ``{"cosmos": url}``, stop it on exit."""
     folder = Path(tempfile.mkdtemp(prefix="agent-stores-cosmos-"))
-    server = CosmosServer(free_port(), folder / "cosmosdb-server.log")
+    server = CosmosServer(0, folder / "cosmosdb-server.log")
     try:
         server.start()
         yield {"cosmos": url_for(server.port)}
@@ -287,7 +426,7 @@ def _cli_start(state_dir: Path, as_json: bool) -> int:
             return 0
         _cli_stop(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    server = CosmosServer(free_port(), state_dir / "cosmosdb-server.log")
+    server = CosmosServer(0, state_dir / "cosmosdb-server.log")
     server.start()
     url = url_for(server.port)
     (state_dir / "state.json").write_text(

@@ -22,8 +22,17 @@ As a command (state kept in ``.servers/firestore/`` at the repository root)::
     python scripts/servers/firestore.py reset   # clear the data of a running emulator
     python scripts/servers/firestore.py stop
 
-``start`` on a running emulator clears its data and reuses it. Each URL carries a unique
-``prefix``, so concurrent test runs on one emulator never see each other's data.
+``start`` on a running emulator reuses it, handing out a URL with a new ``prefix``; it
+never clears data (another run may be using the emulator: only ``reset`` clears). Each URL
+carries a unique ``prefix``, so concurrent test runs on one emulator never see each
+other's data. ``--json`` prints ``{"firestore": URL}`` instead of the variable.
+
+Two runs on one machine never share an emulator by accident: each picks a free port, and
+an emulator counts as started only once *its own* log says it serves (so another run's
+emulator answering on the same port never passes for ours); when the port was taken
+between picking and binding, the emulator exits and is started again on another port.
+Its working folder (the log) is private to the run (a fresh temporary folder, or the
+state folder given with ``--state-dir``).
 """
 
 import argparse
@@ -55,6 +64,11 @@ COLLECTION = "agent-stores"
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
 MIN_JAVA = 11
+#: Ports tried when the one picked is taken before the emulator binds it.
+START_ATTEMPTS = 3
+#: What the emulator logs once it serves, and what it logs when its port is taken.
+READY_LINE = "Dev App Server is now running"
+PORT_TAKEN = ("BindException", "Address already in use")
 
 INSTALL_HINT = (
     "the Firestore emulator needs the Google Cloud CLI with its emulator component and a "
@@ -67,6 +81,10 @@ INSTALL_HINT = (
 
 class ServerError(RuntimeError):
     """The emulator could not be started, reset or stopped."""
+
+
+class PortTakenError(ServerError):
+    """The emulator's port was taken by another process before the emulator bound it."""
 
 
 # -- what is installed ------------------------------------------------------------------
@@ -183,8 +201,11 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _stop_group(pgid: int, port: int, process: "subprocess.Popen[bytes] | None" = None) -> None:
-    """SIGTERM the emulator's whole process group, SIGKILL it if it does not go, and wait."""
+def _stop_group(
+    pgid: int, port: int | None, process: "subprocess.Popen[bytes] | None" = None
+) -> None:
+    """SIGTERM the emulator's whole process group, SIGKILL it if it does not go, and wait
+    until the group is gone and (given the ``port`` it served on) the port is quiet."""
     for sig, timeout in ((signal.SIGTERM, STOP_TIMEOUT), (signal.SIGKILL, STOP_TIMEOUT)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
@@ -192,7 +213,7 @@ def _stop_group(pgid: int, port: int, process: "subprocess.Popen[bytes] | None" 
         while time.monotonic() < deadline:
             if process is not None:
                 process.poll()  # reap the launcher so the group can empty
-            if not _group_alive(pgid) and not answers(port):
+            if not _group_alive(pgid) and (port is None or not answers(port)):
                 return
             time.sleep(0.1)
     raise ServerError(f"the Firestore emulator (process group {pgid}) did not stop")
@@ -209,6 +230,8 @@ class FirestoreEmulator:
     directory: Path
     process: "subprocess.Popen[bytes] | None" = None
     pgid: int | None = None
+    #: set once it served: until then the port may be another program's
+    served: bool = False
 
     @property
     def logfile(self) -> Path:
@@ -246,8 +269,11 @@ class FirestoreEmulator:
         self.pgid = self.process.pid
         try:
             deadline = time.monotonic() + START_TIMEOUT
-            while not answers(self.port):
+            # Its own log line first: an emulator of another run may answer on this port.
+            while not (self._logged(READY_LINE) and answers(self.port)):
                 if self.process.poll() is not None:
+                    if any(self._logged(text) for text in PORT_TAKEN):
+                        raise PortTakenError(f"port {self.port} was taken by another process")
                     raise ServerError(
                         f"the Firestore emulator exited with {self.process.returncode}:\n"
                         f"{self.log_tail()}\n{INSTALL_HINT}"
@@ -258,10 +284,17 @@ class FirestoreEmulator:
                         f"{START_TIMEOUT:.0f}s:\n{self.log_tail()}"
                     )
                 time.sleep(0.2)
+            self.served = True
         except BaseException:
             with contextlib.suppress(ServerError):
                 self.stop()
             raise
+
+    def _logged(self, text: str) -> bool:
+        try:
+            return text in self.logfile.read_text(errors="replace")
+        except OSError:
+            return False
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -273,7 +306,7 @@ class FirestoreEmulator:
         """Stop the emulator's whole process group."""
         if self.pgid is None:
             return
-        _stop_group(self.pgid, self.port, self.process)
+        _stop_group(self.pgid, self.port if self.served else None, self.process)
         self.pgid = None
 
 
@@ -292,9 +325,17 @@ def url_for(port: int, prefix: str | None = None) -> str:
 def start_emulator(directory: Path | None = None) -> FirestoreEmulator:
     """Start an emulator on a free port (the caller stops it)."""
     directory = directory or Path(tempfile.mkdtemp(prefix="agent-stores-firestore-"))
-    emulator = FirestoreEmulator(free_port(), directory)
-    emulator.start()
-    return emulator
+    for attempt in range(START_ATTEMPTS):
+        emulator = FirestoreEmulator(free_port(), directory)
+        try:
+            emulator.start()
+        except PortTakenError:
+            # Another process bound the free port we picked first: pick again.
+            if attempt + 1 == START_ATTEMPTS:
+                raise
+            continue
+        return emulator
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
@@ -327,14 +368,21 @@ def _load_state(state_dir: Path) -> dict[str, object] | None:
     return data
 
 
-def _cli_start(state_dir: Path) -> int:
+def _print_url(url: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"firestore": url}))
+    else:
+        print(f"{URL_ENV}={url}")
+
+
+def _cli_start(state_dir: Path, as_json: bool = False) -> int:
     state = _load_state(state_dir)
     if state is not None:
         port = int(str(state["port"]))
         if answers(port):
-            reset(port)
-            print("already running: data cleared", file=sys.stderr)
-            print(f"{URL_ENV}={state['url']}")
+            # Reused as it is: another run may be working on it (``reset`` clears it).
+            print("already running: a URL with a new prefix", file=sys.stderr)
+            _print_url(url_for(port), as_json)
             return 0
         _cli_stop(state_dir)
     emulator = start_emulator(state_dir / "data")
@@ -343,7 +391,7 @@ def _cli_start(state_dir: Path) -> int:
     (state_dir / "state.json").write_text(
         json.dumps({"port": emulator.port, "pgid": emulator.pgid, "url": url}, indent=2)
     )
-    print(f"{URL_ENV}={url}")
+    _print_url(url, as_json)
     return 0
 
 
@@ -364,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("action", choices=["start", "stop", "urls", "reset", "check"])
     parser.add_argument("--state-dir", type=Path, default=STATE_DIR, help="where state is kept")
+    parser.add_argument("--json", action="store_true", help="print the URL as JSON")
     args = parser.parse_args(argv)
     if args.action == "check":
         problems = missing()
@@ -374,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         if args.action == "start":
-            return _cli_start(args.state_dir)
+            return _cli_start(args.state_dir, args.json)
         if args.action == "stop":
             return _cli_stop(args.state_dir)
         state = _load_state(args.state_dir)
@@ -384,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "reset":
             reset(int(str(state["port"])))
             return 0
-        print(f"{URL_ENV}={state['url']}")
+        _print_url(str(state["url"]), args.json)
         return 0
     except ServerError as exc:
         print(f"error: {exc}", file=sys.stderr)

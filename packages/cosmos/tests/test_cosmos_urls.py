@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from agent_stores import ConfigError, open_kv
 from agent_stores_cosmos.config import (
@@ -102,3 +104,62 @@ def test_store_repr_hides_the_key() -> None:
     assert kv.backend_name == "cosmos"
     for text in (repr(kv), kv.describe(), str(kv)):
         assert SECRET not in text and "acct.documents.azure.com" in text
+
+
+# -- TLS options and Microsoft's emulator ---------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "127.0.0.2"])
+def test_verify_false_is_accepted_for_a_loopback_host(host: str) -> None:
+    s = parse_url(f"cosmos://{host}:8081/db/c?verify=false&key={SECRET}")
+    assert s.verify is False and s.ca_file is None and s.endpoint.startswith("https://")
+
+
+def test_verify_false_elsewhere_needs_emulator_microsoft() -> None:
+    """Against a non-loopback host verify=false would hand the key to anyone in between:
+    refused, naming ca_file, unless the URL says it is Microsoft's emulator."""
+    for host in ("acct.documents.azure.com", "cosmos-emulator", "10.0.0.5"):
+        with pytest.raises(ConfigError, match="ca_file") as info:
+            parse_url(f"cosmos://{host}:8081/db/c?verify=false&key={SECRET}")
+        assert SECRET not in str(info.value)
+        s = parse_url(f"cosmos://{host}:8081/db/c?verify=false&emulator=microsoft&key={SECRET}")
+        assert s.verify is False and s.emulator == "microsoft"
+
+
+def test_emulator_microsoft_turns_endpoint_discovery_off_and_reads_plainly() -> None:
+    """The emulator advertises its own address in the container: discovery is off; the
+    npm server's cross-partition header on point reads is not sent to it."""
+    s = parse_url(f"cosmos://localhost:8081/db/c?emulator=microsoft&key={SECRET}")
+    assert s.endpoint_discovery is False and s.verify is True
+    kv = open_kv(f"cosmos://localhost:8081/db/c?emulator=microsoft&key={SECRET}")
+    assert kv.emulator == "microsoft" and kv._read_headers == {}  # type: ignore[attr-defined]
+    kv = open_kv(f"cosmos://localhost:8081/db/c?emulator=cosmosdb-server&key={SECRET}")
+    assert kv._read_headers  # type: ignore[attr-defined]
+
+
+def test_ca_file_must_name_a_file(tmp_path: Path) -> None:
+    """ca_file: an existing file is taken; a missing one or a folder is a ConfigError."""
+    pem = tmp_path / "emulator.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    s = parse_url(f"cosmos://cosmos-emulator:8081/db/c?ca_file={pem}&key={SECRET}")
+    assert s.ca_file == str(pem) and s.verify is True
+    with pytest.raises(ConfigError, match="which does not exist"):
+        parse_url(f"cosmos://h:8081/db/c?ca_file={tmp_path / 'nope.pem'}&key={SECRET}")
+    with pytest.raises(ConfigError, match="which is not a file"):
+        parse_url(f"cosmos://h:8081/db/c?ca_file={tmp_path}&key={SECRET}")
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("verify=false&tls=false", "plain http"),
+        ("ca_file=/etc/hosts&tls=false", "plain http"),
+        ("verify=false&ca_file=/etc/hosts", "not both"),
+        ("verify=maybe", "verify must be true or false"),
+        ("emulator=azure", "emulator must be one of"),
+    ],
+)
+def test_contradictory_tls_options_are_config_errors(query: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_url(f"cosmos://127.0.0.1:8081/db/c?{query}&key={SECRET}")
+    assert SECRET not in str(info.value)

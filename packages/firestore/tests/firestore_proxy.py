@@ -1,4 +1,5 @@
-"""A TCP proxy in front of the Firestore emulator that can go silent (a blackhole) and heal.
+"""A TCP proxy in front of the Firestore emulator that can go silent (a blackhole) and heal,
+or go down (connections refused, as a server restarting) and come back.
 
 ``silent = True``: every connection, new or open, is accepted and kept, and nothing is
 forwarded either way (bytes are read and dropped), as a peer that accepts and never
@@ -33,6 +34,16 @@ class SilentProxy:
     @property
     def host(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    async def down(self) -> None:
+        """Stop listening and drop every connection: new ones are refused (a restart)."""
+        await self.aclose()
+        self._server = None
+
+    async def up(self) -> SilentProxy:
+        """Listen again, on the same port."""
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        return self
 
     async def aclose(self) -> None:
         if self._server is not None:

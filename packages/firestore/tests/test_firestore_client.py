@@ -111,6 +111,7 @@ async def test_credentials_are_resolved_off_the_loop(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(google.auth, "default", no_credentials)
     monkeypatch.delenv(EMULATOR_ENV, raising=False)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     kv = open_kv("firestore://my-project/c")
     assert threads == []  # opening resolves nothing
     try:

@@ -15,7 +15,10 @@ One documented form (see ``docs/cosmos.md``)::
 Query options: ``prefix``, ``key``, ``auth`` (``key`` | ``entra``), ``tls``, ``create``
 (``setup`` may create the database and container, default true), ``auto_setup`` (create
 them on first use too, default false: nothing billable is created implicitly),
-``emulator`` (``cosmosdb-server``: the npm test server; see :mod:`agent_stores_cosmos.kv`),
+``emulator`` (``cosmosdb-server``: the npm test server, see :mod:`agent_stores_cosmos.kv`;
+``microsoft``: Microsoft's Cosmos DB emulator), ``verify`` (``false``: do not verify the
+TLS certificate; only for a loopback host or with ``emulator=microsoft``), ``ca_file``
+(a PEM file of certificates to trust, such as the emulator's exported one),
 ``endpoint_discovery``, ``deadline`` (seconds one call may take, retries included),
 ``timeout`` (seconds per request: connect and read), ``retries`` (transient failures
 retried per request). Unknown options are an error, so a typo never silently falls back
@@ -24,9 +27,11 @@ to a default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from agent_stores.errors import ConfigError
@@ -42,7 +47,9 @@ DEFAULT_TIMEOUT = 5.0
 #: Transient failures (429, 449, 408, 410, 5xx, connection errors) retried per request,
 #: always within the call's deadline.
 DEFAULT_RETRIES = 10
-EMULATORS = frozenset({"cosmosdb-server"})
+#: ``cosmosdb-server``: the npm test server (works around its gaps, see kv.py);
+#: ``microsoft``: Microsoft's Cosmos DB emulator (self-signed TLS, one public key).
+EMULATORS = frozenset({"cosmosdb-server", "microsoft"})
 
 KNOWN_OPTIONS = frozenset(
     {
@@ -57,6 +64,8 @@ KNOWN_OPTIONS = frozenset(
         "deadline",
         "timeout",
         "retries",
+        "verify",
+        "ca_file",
     }
 )
 
@@ -83,6 +92,10 @@ class CosmosSettings:
     deadline: float = DEFAULT_DEADLINE_SECONDS
     timeout: float = DEFAULT_TIMEOUT
     retries: int = DEFAULT_RETRIES
+    #: False: TLS certificates are not verified (``?verify=false``)
+    verify: bool = True
+    #: a PEM file of CA certificates to trust for the endpoint (``?ca_file=``)
+    ca_file: str | None = None
     #: the URL with secrets hidden, for people
     location: str = ""
 
@@ -176,6 +189,61 @@ def _endpoint_and_key(url: StoreURL, auth: str) -> tuple[str, str | None]:
     return endpoint, key
 
 
+def is_loopback(host: str) -> bool:
+    """``localhost``, or an address of 127.0.0.0/8 or ``::1``."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls_options(
+    url: StoreURL, endpoint: str, emulator: str | None, where: str
+) -> tuple[bool, str | None]:
+    """``(verify, ca_file)``, refusing combinations that would weaken TLS by accident.
+
+    ``verify=false`` is for an emulator's self-signed certificate: accepted for a loopback
+    host (nothing between client and server to intercept), or when the URL says it is
+    Microsoft's emulator (``emulator=microsoft``, whose key is public anyway). Against
+    any other host it would hand the account key to whoever sits in between.
+    """
+    verify = url.bool_option("verify", True)
+    ca_file = url.query_get("ca_file")
+    if verify and ca_file is None:
+        return True, None
+    option = "verify=false" if not verify else "ca_file"
+    if not endpoint.startswith("https://"):
+        raise ConfigError(
+            detail=f"{where}: {option} is about TLS certificates, but the endpoint is plain "
+            "http (tls=false)"
+        )
+    if not verify and ca_file is not None:
+        raise ConfigError(
+            detail=f"{where}: give ca_file (trust that certificate) or verify=false (trust "
+            "any), not both"
+        )
+    host = urlsplit(endpoint).hostname or ""
+    if not verify and emulator != "microsoft" and not is_loopback(host):
+        raise ConfigError(
+            detail=f"{where}: verify=false turns certificate checks off, which for {host} "
+            "would hand the account key to anyone in between; it is accepted only for a "
+            "loopback host or with emulator=microsoft. To reach an emulator elsewhere, "
+            "trust its exported certificate with ca_file=PATH (see docs/cosmos.md)"
+        )
+    if ca_file is not None:
+        if not ca_file.strip():
+            raise ConfigError(detail=f"{where}: ca_file must name a PEM certificate file")
+        path = Path(ca_file).expanduser()
+        if not path.is_file():
+            state = "is not a file" if path.exists() else "does not exist"
+            raise ConfigError(detail=f"{where}: ca_file names {ca_file}, which {state}")
+        ca_file = str(path)
+    return verify, ca_file
+
+
 def parse_url(url: StoreURL | str) -> CosmosSettings:
     """Parse a ``cosmos://`` URL into :class:`CosmosSettings`; :class:`ConfigError` on anything odd.
 
@@ -196,6 +264,7 @@ def parse_url(url: StoreURL | str) -> CosmosSettings:
     emulator = url.query_get("emulator")
     if emulator is not None:
         emulator = url.choice_option("emulator", emulator, sorted(EMULATORS))
+    verify, ca_file = _tls_options(url, endpoint, emulator, where)
     return CosmosSettings(
         endpoint=endpoint,
         database=database,
@@ -206,11 +275,14 @@ def parse_url(url: StoreURL | str) -> CosmosSettings:
         create=url.bool_option("create", True),
         auto_setup=url.bool_option("auto_setup", False),
         emulator=emulator,
-        # The test server advertises https:// locations it does not serve: discovery must be off.
+        # Emulators advertise locations they may not be reached at (the test server https://
+        # ones it does not serve, Microsoft's its own address in the container): off.
         endpoint_discovery=url.bool_option("endpoint_discovery", emulator is None),
         deadline=url.float_option("deadline", DEFAULT_DEADLINE_SECONDS, minimum=0.5),
         timeout=url.float_option("timeout", DEFAULT_TIMEOUT, minimum=0.1),
         retries=url.int_option("retries", DEFAULT_RETRIES, minimum=0, maximum=100),
+        verify=verify,
+        ca_file=ca_file,
         # A connection-string URL has no host: name the endpoint (it holds no secret).
         location=where if url.host else f"{where} (endpoint {endpoint})",
     )

@@ -22,7 +22,10 @@ asks for), 449, 408, 410 (any substatus), 500/502/503/504, 404/1002 and connecti
 are retried with jittered exponential backoff, at most ``?retries=`` times and never past
 the call's deadline (``?deadline=``, :attr:`KVStore.deadline_seconds`); then the call
 raises :class:`~agent_stores.errors.BackendUnavailableError` with the last failure as its
-cause — never a configuration error. The SDK's own throttling and connection retries are
+cause — never a configuration error. Until the service has answered once, a refused
+connection or an unknown host gets 0.5 s of retries only (nothing is there: a wrong URL,
+an emulator not running), and an untrusted TLS certificate none (``ca_file=``,
+``verify=false``). The SDK's own throttling and connection retries are
 off in clients the store builds (they retried 429 only, 408/5xx once and only with endpoint
 discovery on, and 449 never), so there is one budget, not two nested ones.
 
@@ -41,7 +44,8 @@ call raises ``BackendUnavailableError`` saying so — never a conflict that may 
 
 ``emulator=cosmosdb-server`` (the npm test server): point reads carry the cross-partition
 header, without which that server answers 500 instead of 404 for a missing item, and
-endpoint discovery is off by default.
+endpoint discovery is off by default. ``emulator=microsoft`` (Microsoft's emulator):
+endpoint discovery off by default, and ``verify=false`` accepted for any host.
 """
 
 from __future__ import annotations
@@ -121,6 +125,12 @@ BACKOFF_BASE = 0.05
 BACKOFF_CAP = 2.0
 #: Consistency levels under which a reader can see a state before what it references.
 WEAK_CONSISTENCY = frozenset({"eventual", "consistentprefix"})
+#: Until the service has answered once, a refused connection (or a host name that does
+#: not resolve) is retried for this long only: it means nothing is there, almost always a
+#: wrong URL or a server that is not running, and waiting out the deadline helps nobody.
+#: Once the service has answered, the same failure is a restart or failover: retried in
+#: full, like any transient fault.
+NOTHING_THERE_GRACE_SECONDS = 0.5
 
 #: The absolute (loop-time) end of the retry budget of the KV call this task is in.
 _CALL_END: ContextVar[float | None] = ContextVar("agent_stores_cosmos_call_end", default=None)
@@ -237,10 +247,14 @@ class CosmosKV(KVStore):
         #: an azure-core transport for clients the store builds (the fault injector's)
         self._transport: Any = None
         self._secrets = [s for s in (settings.key if settings else None,) if s]
+        #: True once the service has answered a request (any HTTP status)
+        self._answered = False
         self.stats = RequestStats()
         # The test server runs batches one operation at a time: never call that atomic.
         self.capabilities = KVCapabilities(commit=False, shared_across_processes=True)
-        self._read_headers: dict[str, str] = {_CROSS_PARTITION: "true"} if emulator else {}
+        self._read_headers: dict[str, str] = (
+            {_CROSS_PARTITION: "true"} if emulator == "cosmosdb-server" else {}
+        )
 
     # -- construction -------------------------------------------------------------------
 
@@ -363,8 +377,19 @@ class CosmosKV(KVStore):
             max_wait_time_in_seconds=0,
         )
         extra: dict[str, Any] = {}
-        if self._transport is not None:
-            extra["transport"] = self._transport
+        transport = self._transport
+        if settings.ca_file is not None:
+            trusting = self._transport_trusting(settings.ca_file)
+            if transport is None:
+                transport = trusting
+            else:
+                # The fault injector's wrapper (faults.FaultTransport): ours goes underneath.
+                transport.inner = trusting
+        if transport is not None:
+            extra["transport"] = transport
+        if not settings.verify:
+            # azure-cosmos's own switch; it never verifies localhost and 127.0.0.1 anyway.
+            extra["connection_verify"] = False
         return CosmosClient(
             settings.endpoint,
             credential=credential,
@@ -379,6 +404,35 @@ class CosmosKV(KVStore):
             user_agent_suffix="agent-stores",
             **extra,
         )
+
+    def _transport_trusting(self, ca_file: str) -> Any:
+        """An azure-core aiohttp transport whose TLS trusts the certificates in ``ca_file``.
+
+        azure-cosmos takes a CA file only with a client certificate (``ssl_config`` without
+        one makes azure-core load an empty certificate chain), so the trust goes into the
+        aiohttp connector: requests the SDK sends with verification on use its context.
+        """
+        import ssl
+
+        import aiohttp
+        from azure.core.pipeline.transport import AioHttpTransport
+
+        try:
+            context = ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                detail=f"{self.describe()}: ca_file {ca_file} is not a readable PEM file of "
+                f"certificates ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        # The session azure-core would make itself (proxy settings from the environment, no
+        # cookies, bodies decompressed by azure-core), on a connector with that trust.
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context),
+            trust_env=True,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+        )
+        return AioHttpTransport(session=session, session_owner=True)
 
     @property
     def _sdk_resends_writes(self) -> bool:
@@ -401,6 +455,8 @@ class CosmosKV(KVStore):
             return status in TRANSIENT_STATUSES or (
                 status == 404 and exc.sub_status == READ_SESSION_NOT_AVAILABLE
             )
+        if _untrusted_certificate(exc) is not None:
+            return False  # the same certificate again: trust is configuration, not luck
         if isinstance(exc, ServiceRequestError | ServiceResponseError | IncompleteReadError):
             return True
         import aiohttp
@@ -427,6 +483,43 @@ class CosmosKV(KVStore):
 
             return not isinstance(exc.inner_exception, aiohttp.ClientConnectorError)
         return True
+
+    @staticmethod
+    def _nothing_there(exc: BaseException) -> str | None:
+        """What says no service is at the endpoint at all: a refused connection or a host
+        name that does not exist (never a temporary DNS failure), naming the endpoint tried;
+        None for any other failure."""
+        import socket
+
+        import aiohttp
+
+        missing_host = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+        seen: set[int] = set()
+        todo: list[BaseException | None] = [exc]
+        while todo:
+            err = todo.pop()
+            if err is None or id(err) in seen:
+                continue
+            seen.add(id(err))
+            if isinstance(err, aiohttp.ClientConnectorError):
+                where = f"{err.host}:{err.port}"
+                cause = err.os_error
+                if isinstance(cause, ConnectionRefusedError):
+                    return f"connection refused by {where}"
+                if isinstance(cause, socket.gaierror) and cause.errno in missing_host:
+                    return f"host {err.host} not found ({cause.strerror}), tried {where}"
+                return None
+            if isinstance(err, ConnectionRefusedError):
+                return "connection refused"
+            inner = getattr(err, "inner_exception", None)
+            todo += [inner if isinstance(inner, BaseException) else None]
+            todo += [err.__cause__, err.__context__]
+        return None
+
+    def _endpoint_hint(self) -> str:
+        if self._settings is not None:
+            return f" (endpoint {self._settings.endpoint})"
+        return ""
 
     @staticmethod
     def _retry_reason(exc: BaseException) -> str:
@@ -464,15 +557,22 @@ class CosmosKV(KVStore):
         to interpret. ``outcome`` (writes) records whether a failed attempt may have been
         applied, so a conflict met by a re-send is not taken at face value.
         """
+        from azure.cosmos.exceptions import CosmosHttpResponseError
+
         loop = asyncio.get_running_loop()
         end = _CALL_END.get()
         attempt = 0
+        first_absent: float | None = None
         while True:
             scope = asyncio.timeout(None if end is None else end - loop.time())
             try:
                 async with scope:
-                    return await send()
+                    result = await send()
+                self._answered = True
+                return result
             except Exception as exc:
+                if isinstance(exc, CosmosHttpResponseError):
+                    self._answered = True
                 if scope.expired():
                     if outcome is not None:
                         outcome.maybe_applied = True
@@ -485,6 +585,18 @@ class CosmosKV(KVStore):
                 if outcome is not None and self._maybe_applied(exc):
                     outcome.maybe_applied = True
                 delay = self._delay(exc, attempt)
+                absent = None if self._answered else self._nothing_there(exc)
+                if absent is not None:
+                    now = loop.time()
+                    first_absent = now if first_absent is None else first_absent
+                    if now + delay - first_absent > NOTHING_THERE_GRACE_SECONDS:
+                        tries = "1 attempt" if attempt == 0 else f"{attempt + 1} attempts"
+                        raise BackendUnavailableError(
+                            detail=f"{self.describe()}: {action}: {absent}"
+                            f"{self._endpoint_hint()}: no Cosmos DB service there ({tries} "
+                            f"in {now - first_absent:.1f} s); check the host and port of the "
+                            "URL, and that the account or emulator is running"
+                        ) from exc
                 if attempt >= self.retries or (end is not None and loop.time() + delay >= end):
                     failure = self._failure(action, exc)
                     tried = "no retry" if attempt == 0 else f"{attempt + 1} attempts"
@@ -678,6 +790,14 @@ class CosmosKV(KVStore):
         from azure.cosmos.exceptions import CosmosHttpResponseError
 
         where = f"{self.describe()}: {action}"
+        untrusted = _untrusted_certificate(exc)
+        if untrusted is not None:
+            return BackendUnavailableError(
+                detail=f"{where}: the endpoint's TLS certificate is not trusted "
+                f"({self._scrub(untrusted)[:200]}); for Microsoft's Cosmos DB emulator add "
+                "ca_file=PATH (its exported certificate) or emulator=microsoft&verify=false "
+                "(see docs/cosmos.md)"
+            )
         if isinstance(exc, CosmosHttpResponseError):
             status = exc.status_code
             if status == 429:
@@ -1144,6 +1264,27 @@ class CosmosKV(KVStore):
                 return total
             done = await asyncio.gather(*(remove(str(row["id"])) for row in rows))
             total += sum(done)
+
+
+def _untrusted_certificate(exc: BaseException) -> str | None:
+    """The reason when ``exc`` (or what it wraps) is a failed TLS certificate check."""
+    import ssl
+
+    seen: set[int] = set()
+    todo: list[Any] = [exc]
+    while todo:
+        err = todo.pop()
+        if not isinstance(err, BaseException) or id(err) in seen:
+            continue
+        seen.add(id(err))
+        # aiohttp's ClientConnectorCertificateError is one too, wrapping ssl's own.
+        inner = getattr(err, "certificate_error", None)
+        if isinstance(inner, ssl.SSLCertVerificationError):
+            err = inner
+        if isinstance(err, ssl.SSLCertVerificationError):
+            return str(getattr(err, "verify_message", None) or err)
+        todo += [getattr(err, "inner_exception", None), err.__cause__, err.__context__]
+    return None
 
 
 def _pop_clock(options: dict[str, Any]) -> Clock | None:

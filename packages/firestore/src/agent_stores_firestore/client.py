@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
@@ -39,7 +41,7 @@ from google.cloud.firestore_v1.services.firestore.transports.grpc_asyncio import
     FirestoreGrpcAsyncIOTransport,
 )
 
-from .config import FirestoreSettings
+from .config import CREDENTIALS_ENV, FirestoreSettings
 
 #: gRPC channel options: unlimited messages (as google-cloud-firestore sets), keepalive
 #: pings every 30 s while calls are open (Google's own setting) answered within 10 s, a
@@ -167,6 +169,26 @@ class StoreClient(AsyncClient):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def credentials_file_problem() -> str | None:
+    """What is wrong with the file ``$GOOGLE_APPLICATION_CREDENTIALS`` names, or None.
+
+    google-auth reports a missing file as "no credentials found" once the other sources
+    have been probed (the metadata server: seconds); the path the user gave is the answer.
+    Blocking (a stat): run it in a thread.
+    """
+    named = os.environ.get(CREDENTIALS_ENV, "")
+    if not named:
+        return None
+    path = Path(named)
+    if not path.exists():
+        return f"{CREDENTIALS_ENV} names {named}, which does not exist"
+    if not path.is_file():
+        return f"{CREDENTIALS_ENV} names {named}, which is not a file"
+    if not os.access(path, os.R_OK):
+        return f"{CREDENTIALS_ENV} names {named}, which this process cannot read"
+    return None
 
 
 def build_client(settings: FirestoreSettings, interceptors: Sequence[Any] = ()) -> StoreClient:

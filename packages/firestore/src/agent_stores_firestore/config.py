@@ -34,6 +34,8 @@ DEFAULT_RETRIES = 8
 DEFAULT_DEADLINE = DEFAULT_DEADLINE_SECONDS
 #: The standard variable naming a Firestore emulator (read when the URL names none).
 EMULATOR_ENV = "FIRESTORE_EMULATOR_HOST"
+#: The standard variable naming a credentials file (read by Application Default Credentials).
+CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 #: A Firestore document holds at most 1 MiB (1,048,576 bytes) including its name (up to
 #: 6 KiB) and field names; 16 KiB stay free for those, so a value at the limit always fits.
 HARD_MAX_VALUE_BYTES = (1 << 20) - (16 << 10)

@@ -29,7 +29,9 @@ attempt's timeout is capped by what is left of the deadline. When a reply was lo
 retry reports a conflict, the ``nonce`` tells whether the first attempt was applied; when
 the nonce is not found the outcome is reported unknown (BackendUnavailableError), never
 guessed. A write that creates a document is never re-sent after an ambiguous failure (a
-delete in between would let it apply twice): it is read back at once instead.
+delete in between would let it apply twice): it is read back at once instead. Until the
+endpoint has answered once, a refused connection or an unknown host is retried for 0.5 s
+only: nothing is there (a wrong ``emulator_host``, an emulator not running).
 
 Every read consumes its gRPC stream to the end (``get_all`` / ``stream``): the client's
 ``DocumentReference.get`` returns on the first message of a ``BatchGetDocuments`` stream
@@ -41,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import os
 import random
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -72,6 +75,7 @@ from agent_stores.kv.base import (
 from agent_stores.url import StoreURL, redact
 
 from .config import (
+    CREDENTIALS_ENV,
     DEFAULT_DEADLINE,
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_PREFIX,
@@ -125,6 +129,15 @@ BACKOFF_CAP = 1.0
 DEADLINE_MARGIN = 0.5
 #: A retry is not started with less than this left of the deadline.
 MIN_ATTEMPT_SECONDS = 0.25
+#: Until the service has answered once, a refused connection (or a host name that does
+#: not resolve) is retried for this long only: nothing is there, almost always a wrong
+#: ``emulator_host`` or an emulator that is not running. Once the service has answered,
+#: the same failure is a restart: retried in full, like any transient fault.
+NOTHING_THERE_GRACE_SECONDS = 0.5
+#: gRPC's words for "nothing listens there" and "no such host" (never a temporary DNS
+#: failure, which is retried).
+_REFUSED = ("connection refused",)
+_NO_SUCH_HOST = ("domain name not found", "name or service not known", "nodename nor servname")
 
 
 async def _build_client(settings: FirestoreSettings, interceptors: Sequence[Any]) -> StoreClient:
@@ -133,11 +146,24 @@ async def _build_client(settings: FirestoreSettings, interceptors: Sequence[Any]
     metadata server for seconds), so it never runs on the event loop."""
     from google.auth.exceptions import DefaultCredentialsError
 
-    from .client import build_client
+    from .client import build_client, credentials_file_problem
 
+    if settings.emulator_host is None:
+        # A file named but missing is a typo to report as such, not as "no credentials".
+        problem = await asyncio.to_thread(credentials_file_problem)
+        if problem is not None:
+            raise ConfigError(detail=f"{settings.describe()}: {problem}")
     try:
         return await asyncio.to_thread(build_client, settings, interceptors)
     except DefaultCredentialsError as exc:
+        named = os.environ.get(CREDENTIALS_ENV, "")
+        if named:
+            reason = redact(str(exc).splitlines()[0] if str(exc) else "")[:300]
+            raise ConfigError(
+                detail=f"{settings.describe()}: {CREDENTIALS_ENV} names {named}, which could "
+                f"not be loaded as Google credentials ({reason or type(exc).__name__}); "
+                "point it at a service account key file or another credentials file, or unset it"
+            ) from None
         raise ConfigError(
             detail=f"{settings.describe()}: no Google credentials found ({type(exc).__name__}); "
             "set up Application Default Credentials (gcloud auth application-default login, "
@@ -196,6 +222,25 @@ def _classify(exc: BaseException) -> tuple[bool, bool] | None:
     if isinstance(exc, OSError | TimeoutError):
         return True, True
     return None
+
+
+def _nothing_there(exc: BaseException) -> bool:
+    """Whether ``exc`` says no server is at the endpoint at all (refused, unknown host)."""
+    from google.api_core import exceptions as gex
+
+    if not isinstance(exc, gex.ServiceUnavailable):
+        return False
+    text = str(exc).lower()
+    return any(words in text for words in (*_REFUSED, *_NO_SUCH_HOST))
+
+
+def _is_answer(exc: BaseException) -> bool:
+    """Whether the server itself produced ``exc`` (a status only a reached server sends)."""
+    from google.api_core import exceptions as gex
+
+    if not isinstance(exc, gex.GoogleAPICallError):
+        return False
+    return not isinstance(exc, gex.ServiceUnavailable | gex.DeadlineExceeded | gex.Unknown)
 
 
 def _conflict_types() -> tuple[type[Exception], ...]:
@@ -280,6 +325,8 @@ class FirestoreKV(KVStore):
         self._settings = settings
         self._interceptors = list(interceptors)
         self._connecting = asyncio.Lock()
+        #: True once the service has answered a request (a result or a status of its own)
+        self._answered = False
         self._owns_client = owns_client
         self.collection = check_collection(collection)
         self.prefix = check_prefix(prefix)
@@ -431,6 +478,31 @@ class FirestoreKV(KVStore):
             detail=f"{self.describe()}: {type(exc).__name__}: {reason[:300]}"
         )
 
+    def _endpoint(self) -> str:
+        from .client import StoreClient
+
+        client = self._client
+        if isinstance(client, StoreClient):
+            return str(client._endpoint)
+        if self._settings is not None and self._settings.emulator_host is not None:
+            return self._settings.emulator_host
+        return "the client's endpoint"
+
+    def _nothing_there_error(
+        self, exc: BaseException, attempts: int, seconds: float
+    ) -> BackendUnavailableError:
+        reason = redact(str(exc).splitlines()[0] if str(exc) else "") or type(exc).__name__
+        hint = (
+            "check emulator_host= (or FIRESTORE_EMULATOR_HOST) and that the emulator is running"
+            if self._settings is not None and self._settings.emulator_host is not None
+            else "check the network and the endpoint"
+        )
+        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+        return BackendUnavailableError(
+            detail=f"{self.describe()}: nothing answers at {self._endpoint()} ({reason[:300]}; "
+            f"{tries} in {seconds:.1f} s); {hint}"
+        )
+
     def _outcome_unknown(
         self, what: str, scope: str, key: str, cause: BaseException | None = None
     ) -> BackendUnavailableError:
@@ -468,16 +540,21 @@ class FirestoreKV(KVStore):
         # dead channel replaced) before the core's deadline cancels the whole call.
         ends = loop.time() + budget - min(DEADLINE_MARGIN, budget / 10)
         tries = 0
+        first_absent: float | None = None
         while True:
             client = self._client
             generation = client.generation if isinstance(client, StoreClient) else 0
             timeout = max(0.05, min(self._timeout, ends - loop.time()))
             try:
-                return await call(timeout)
+                result = await call(timeout)
+                self._answered = True
+                return result
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 kind = _classify(exc)
+                if _is_answer(exc):
+                    self._answered = True
                 if kind is None:
                     if attempt is None and isinstance(exc, GoogleAPICallError):
                         raise self._unavailable(exc) from exc
@@ -496,6 +573,11 @@ class FirestoreKV(KVStore):
                     if retryable and not attempt.resend:
                         raise _Ambiguous() from exc
                 delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**tries))
+                if not self._answered and _nothing_there(exc):
+                    now = loop.time()
+                    first_absent = now if first_absent is None else first_absent
+                    if now + delay - first_absent > NOTHING_THERE_GRACE_SECONDS:
+                        raise self._nothing_there_error(exc, tries + 1, now - first_absent) from exc
                 if (
                     not retryable
                     or tries >= self._retries
