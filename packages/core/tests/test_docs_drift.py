@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import click
@@ -11,6 +12,18 @@ from agent_stores.cli import cli
 ROOT = Path(__file__).resolve().parents[3]
 # Top-level folders that are generated or private to a tool, not part of the layout.
 UNLISTED = {"site", "dist", "wheelhouse", "build", "htmlcov"}
+
+
+def _tracked_top_level_folders() -> set[str]:
+    """Top-level folders holding files git tracks (a developer's scratch folders are not
+    part of the layout); every folder when this is not a git checkout."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {p.name for p in ROOT.iterdir() if p.is_dir()}
+    return {line.split("/", 1)[0] for line in listed if "/" in line}
 
 
 def _readme() -> str:
@@ -30,9 +43,9 @@ def test_readme_layout_names_every_package_and_top_level_folder() -> None:
         assert (ROOT / path).is_dir(), f"README layout lists {path}, which does not exist"
     expected = {f"packages/{p.parent.name}/" for p in ROOT.glob("packages/*/pyproject.toml")}
     expected |= {
-        f"{p.name}/"
-        for p in ROOT.iterdir()
-        if p.is_dir() and not p.name.startswith(".") and p.name not in UNLISTED | {"packages"}
+        f"{name}/"
+        for name in _tracked_top_level_folders()
+        if not name.startswith(".") and name not in UNLISTED | {"packages"}
     }
     missing = sorted(p for p in expected if p not in listed and f"{p}" not in layout)
     assert not missing, f"README layout omits {missing}"

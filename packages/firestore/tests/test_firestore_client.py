@@ -302,8 +302,15 @@ def test_check_command_on_a_silent_server(firestore_base_url: str) -> None:
         try:
             args = [sys.executable, "-m", "agent_stores.cli", "check", through(url, proxy)]
             started = time.monotonic()
+            # The CLI imports the Google client only when a URL is opened: the baseline
+            # imports it too, so only connecting and waiting are left to compare.
+            warm = "import google.cloud.firestore, grpc, agent_stores.cli"
             baseline = await asyncio.to_thread(
-                subprocess.run, [*args[:3], "--help"], capture_output=True, text=True, timeout=60
+                subprocess.run,
+                [sys.executable, "-c", warm],
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             startup = time.monotonic() - started
             assert baseline.returncode == 0, baseline.stderr
@@ -320,5 +327,6 @@ def test_check_command_on_a_silent_server(firestore_base_url: str) -> None:
     assert "connected" not in done.stdout
     assert "BACKEND_UNAVAILABLE" in done.stdout + done.stderr
     assert "firestore://" in done.stdout + done.stderr
-    # ``startup``: the same interpreter running ``check --help`` (imports, no connection).
-    assert took <= startup + DEADLINE + 1, (took, startup)
+    # ``startup``: the same interpreter importing the CLI and the Google client (no
+    # connection); the slack covers a busy machine, the bound that it never hangs.
+    assert took <= startup + DEADLINE + 3, (took, startup)

@@ -264,6 +264,9 @@ class PostgresSessionPort:
             "expiries": expiries,
         }
         self.kv._check_value(request.scope, STATE_KEY, request.state)
+        # Parts are checked like any value: the port must refuse what the KV API would.
+        for key, value in zip(keys, values, strict=True):
+            self.kv._check_value(request.scope, key, value)
 
         async def run(conn: AsyncConnection[Any]) -> tuple[int, int]:
             cur = await write_cursor(conn).execute(self._save_sql, params)
