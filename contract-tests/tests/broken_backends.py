@@ -11,6 +11,7 @@ could get them wrong; every bug names the kind of backend code that makes it.
 from __future__ import annotations
 
 import asyncio
+import math
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 
@@ -388,6 +389,36 @@ class ConditionOutsideWrite(MemoryKV):
         return True
 
 
+def _one_tick_early(now: float) -> float:
+    """The largest float below ``now``: ``expired(_one_tick_early(now))`` is ``expires_at < now``."""
+    return math.nextafter(now, -math.inf)
+
+
+class CreateExpiryBoundary(MemoryKV):
+    """create's condition is ``expires_at < :now`` (< written for <=): an entry expiring exactly now still blocks it."""
+
+    async def _create(
+        self, scope: str, key: str, value: bytes, expires_at: float | None, now: float
+    ) -> str:
+        return await super()._create(scope, key, value, expires_at, _one_tick_early(now))
+
+
+class ScanExpiryBoundary(MemoryKV):
+    """scan keeps rows with ``expires_at >= :now`` (>= written for >): an entry expiring exactly now is listed."""
+
+    async def _scan(
+        self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
+    ) -> list[ScanItem]:
+        return await super()._scan(scope, prefix, start_after, limit, values, _one_tick_early(now))
+
+
+class CommitExpiryBoundary(MemoryKV):
+    """commit's conditions take an entry expiring exactly now as live: Check and Create see it, Replace matches it."""
+
+    async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        return await super()._commit(scope, ops, _one_tick_early(now))
+
+
 MUTANTS: dict[str, type[MemoryKV]] = {
     "non-atomic-cas": NonAtomicCAS,
     "create-overwrites-live-key": CreateOverwrites,
@@ -408,4 +439,7 @@ MUTANTS: dict[str, type[MemoryKV]] = {
     "replace-keeps-old-ttl": ReplaceKeepsOldTTL,
     "commit-not-atomic": CommitNotAtomic,
     "scopes-lists-expired": ScopesListExpired,
+    "expiry-boundary-create": CreateExpiryBoundary,
+    "expiry-boundary-scan": ScanExpiryBoundary,
+    "expiry-boundary-commit": CommitExpiryBoundary,
 }

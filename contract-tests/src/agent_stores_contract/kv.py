@@ -28,10 +28,10 @@ from agent_stores import (
     UnsupportedError,
     ValueTooLargeError,
 )
-from agent_stores.kv import Check, Create, Delete, Replace
+from agent_stores.kv import Check, Create, Delete, Operation, Replace
 
 from .base import CAPABILITY_SKIP, ContractBase, KVFactory, require_capability
-from .kv_model import run_model
+from .kv_model import CLOCK_STEP, run_model
 from .linearizability import (
     History,
     LinearizabilityViolation,
@@ -140,6 +140,22 @@ def offset_clock(kv: KVStore, seconds: float) -> None:
     """Move the store's clock forward by ``seconds`` (expiry is decided by the core's clock)."""
     base = kv.clock
     kv.clock = lambda: base() + seconds
+
+
+def hold_clock(kv: KVStore, at: float) -> None:
+    """Stop the store's clock at ``at``, so a test can stand exactly on an expiry boundary."""
+    kv.clock = lambda: at
+
+
+def boundary_start(kv: KVStore, skew: float = 0.0) -> float:
+    """A clock reading for a boundary test, ``skew`` seconds from the store's clock.
+
+    A quarter past a whole second: every ``start + ttl`` and every step of
+    :data:`CLOCK_STEP` around it is an exact binary fraction, so ``expires_at == now``
+    holds exactly on every backend, and a backend that rounds ``now`` to whole seconds
+    is caught.
+    """
+    return float(int(kv.clock() + skew)) + 0.25
 
 
 class KVContract(ContractBase):
@@ -867,9 +883,11 @@ class KVContract(ContractBase):
     async def test_expired_entries_invisible_everywhere(self, kv: KVStore, ns: str) -> None:
         """An expired entry is absent for get, get_many, scan and scopes, does not block create, and replace/delete cannot reach it."""
         scope = f"{ns}/ttl"
+        start = boundary_start(kv)
+        hold_clock(kv, start)
         old = await kv.create(scope, "gone", b"old", ttl=30)
         await kv.create(f"{ns}/live", "k", b"v")
-        offset_clock(kv, 30)  # exactly at expires_at: expired
+        hold_clock(kv, start + 30)  # exactly at expires_at: expired
         assert await kv.get(scope, "gone") is None
         assert await kv.get_many(scope, ["gone"]) == {}
         assert await kv.scan(scope) == []
@@ -952,6 +970,221 @@ class KVContract(ContractBase):
             assert await kv.get(ns, "other") is None
         entry = await kv.get(ns, "k")
         assert entry is not None and entry.value == b"small" and entry.version == version
+
+    # -- expiry boundaries: expires_at <= now is expired, on the store's clock ----------
+
+    async def test_boundary_reads(self, kv: KVStore, ns: str) -> None:
+        """get, get_many, scan (with and without values, paged) and scopes show an entry just before its expires_at and never when the clock reads exactly expires_at or later.
+
+        The clock is held still, so ``now == expires_at`` holds exactly. An expired entry
+        between live ones takes no place in a scan page.
+        """
+        scope, alone = f"{ns}/b", f"{ns}/alone"
+        start = boundary_start(kv)
+        hold_clock(kv, start)
+        await kv.create(scope, "a", b"a")
+        version = await kv.create(scope, "k", b"k", ttl=30)
+        await kv.create(scope, "z", b"z")
+        await kv.create(alone, "k", b"k", ttl=30)
+        expires_at = start + 30
+
+        hold_clock(kv, expires_at - CLOCK_STEP)
+        entry = await kv.get(scope, "k")
+        assert entry is not None and entry.version == version, "live just before expires_at"
+        assert entry.expires_at is not None and abs(entry.expires_at - expires_at) < 0.01
+        found = await kv.get_many(scope, ["a", "k", "z"])
+        assert sorted(found) == ["a", "k", "z"] and found["k"].version == version
+        assert [i.key for i in await kv.scan(scope)] == ["a", "k", "z"]
+        assert [i.key for i in await kv.scan(scope, values=False)] == ["a", "k", "z"]
+        assert [i.key for i in await kv.scan(scope, start_after="a", limit=1)] == ["k"]
+        assert [i.key async for i in kv.iter_scan(scope, page_size=1)] == ["a", "k", "z"]
+        assert await kv.scopes(prefix=alone) == [alone]
+
+        for now in (expires_at, expires_at + CLOCK_STEP):
+            hold_clock(kv, now)
+            at = "at" if now == expires_at else "just after"
+            assert await kv.get(scope, "k") is None, f"get returned the entry {at} expires_at"
+            assert sorted(await kv.get_many(scope, ["a", "k", "z"])) == ["a", "z"], (
+                f"get_many returned the entry {at} expires_at"
+            )
+            assert [i.key for i in await kv.scan(scope)] == ["a", "z"], (
+                f"scan returned the entry {at} expires_at"
+            )
+            assert [i.key for i in await kv.scan(scope, values=False)] == ["a", "z"], (
+                f"scan(values=False) returned the entry {at} expires_at"
+            )
+            assert [i.key for i in await kv.scan(scope, start_after="a", limit=1)] == ["z"], (
+                f"scan(limit=1) {at} expires_at did not skip the expired entry"
+            )
+            assert [i.key async for i in kv.iter_scan(scope, page_size=1)] == ["a", "z"]
+            assert await kv.scopes(prefix=alone) == [], (
+                f"scopes listed a scope whose only entry expired {at} expires_at"
+            )
+
+    async def test_boundary_create(self, kv: KVStore, ns: str) -> None:
+        """create conflicts with an entry just before its expires_at and succeeds over it when the clock reads exactly expires_at; the new entry expires exactly ttl seconds after its create."""
+        start = boundary_start(kv)
+        hold_clock(kv, start)
+        old = await kv.create(ns, "k", b"old", ttl=30)
+        hold_clock(kv, start + 30 - CLOCK_STEP)
+        with pytest.raises(ConflictError):
+            await kv.create(ns, "k", b"early")
+        entry = await kv.get(ns, "k")
+        assert entry is not None and entry.version == old and entry.value == b"old"
+
+        hold_clock(kv, start + 30)
+        new = await kv.create(ns, "k", b"new", ttl=10)
+        assert new != old
+        hold_clock(kv, start + 40 - CLOCK_STEP)
+        entry = await kv.get(ns, "k")
+        assert entry is not None and entry.version == new and entry.value == b"new"
+        with pytest.raises(ConflictError):
+            await kv.create(ns, "k", b"early")
+        hold_clock(kv, start + 40)
+        assert await kv.get(ns, "k") is None
+        assert await kv.create(ns, "k", b"newer") not in (old, new)
+
+    async def test_boundary_replace(self, kv: KVStore, ns: str) -> None:
+        """replace with the current version succeeds just before expires_at and conflicts when the clock reads exactly expires_at or later; the replacement expires exactly ttl seconds after the replace."""
+        start = boundary_start(kv)
+        hold_clock(kv, start)
+        v1 = await kv.create(ns, "k", b"1", ttl=30)
+        late = start + 30 - CLOCK_STEP
+        hold_clock(kv, late)
+        v2 = await kv.replace(ns, "k", b"2", expected_version=v1, ttl=20)
+        hold_clock(kv, late + 20 - CLOCK_STEP)
+        entry = await kv.get(ns, "k")
+        assert entry is not None and entry.version == v2 and entry.value == b"2"
+        v3 = await kv.replace(ns, "k", b"3", expected_version=v2, ttl=20)
+        expires_at = late + 40 - CLOCK_STEP
+        for now in (expires_at, expires_at + CLOCK_STEP):
+            hold_clock(kv, now)
+            with pytest.raises(ConflictError):
+                await kv.replace(ns, "k", b"4", expected_version=v3, ttl=20)
+            assert await kv.get(ns, "k") is None
+
+    async def test_boundary_delete(self, kv: KVStore, ns: str) -> None:
+        """delete, with and without a version, removes an entry just before its expires_at (True) and finds nothing (False) when the clock reads exactly expires_at or later."""
+        start = boundary_start(kv)
+        hold_clock(kv, start)
+        versions = {key: await kv.create(ns, key, b"v", ttl=30) for key in "abcdef"}
+        hold_clock(kv, start + 30 - CLOCK_STEP)
+        assert await kv.delete(ns, "a") is True
+        assert await kv.delete(ns, "b", expected_version=versions["b"]) is True
+        assert await kv.get_many(ns, ["a", "b"]) == {}
+        hold_clock(kv, start + 30)
+        assert await kv.delete(ns, "c") is False, "delete reported an entry expired at now"
+        assert await kv.delete(ns, "d", expected_version=versions["d"]) is False, (
+            "a versioned delete matched an entry expired at now"
+        )
+        hold_clock(kv, start + 30 + CLOCK_STEP)
+        assert await kv.delete(ns, "e") is False
+        assert await kv.delete(ns, "f", expected_version=versions["f"]) is False
+        assert await kv.scan(ns) == []
+
+    async def test_boundary_commit(self, kv: KVStore, ns: str) -> None:
+        """commit's Create, Replace, Delete and Check take an entry as live just before its expires_at and as absent when the clock reads exactly expires_at."""
+        require_capability(kv, "commit", "no multi-key commit to check at the boundary")
+        start = boundary_start(kv)
+        hold_clock(kv, start)
+        v = {key: await kv.create(ns, key, key.encode(), ttl=30) for key in "abcdefgh"}
+        hold_clock(kv, start + 30 - CLOCK_STEP)
+        early: list[list[Operation]] = [[Create("a", b"x")], [Check("a", None)], [Check("a", "x")]]
+        for ops in early:
+            with pytest.raises(ConflictError) as info:
+                await kv.commit(ns, ops)
+            assert info.value.index == 0, f"{ops!r} failed at {info.value.index}"
+        results = await kv.commit(
+            ns, [Check("a", v["a"]), Replace("b", b"B", v["b"], ttl=30), Delete("c", v["c"])]
+        )
+        assert results[0] is None and results[1] is not None and results[2] is None
+        assert await kv.get(ns, "c") is None
+
+        hold_clock(kv, start + 30)
+        late: list[list[Operation]] = [
+            [Check("d", v["d"])],
+            [Check("d", None), Replace("e", b"E", v["e"])],
+            [Check("d", None), Delete("f", v["f"])],
+        ]
+        for ops in late:
+            with pytest.raises(ConflictError) as info:
+                await kv.commit(ns, ops)
+            assert info.value.index == len(ops) - 1, f"{ops!r} failed at {info.value.index}"
+        results = await kv.commit(
+            ns, [Check("d", None), Create("e", b"new", ttl=5), Delete("g", None), Check("h", None)]
+        )
+        assert results[1] not in (None, v["e"]) and results[2] is None
+        entry = await kv.get(ns, "e")
+        assert entry is not None and entry.value == b"new" and entry.version == results[1]
+        b = await kv.get(ns, "b")
+        assert b is not None and b.value == b"B", "the replace just before expiry was lost"
+        hold_clock(kv, start + 35 - CLOCK_STEP)
+        assert await kv.get(ns, "e") is not None
+        hold_clock(kv, start + 35)
+        assert await kv.get(ns, "e") is None
+
+    async def test_boundary_purge_expired(self, kv: KVStore, ns: str) -> None:
+        """purge_expired, on the store's clock, never removes an entry before its expires_at, and leaves it absent once the clock reads exactly expires_at.
+
+        The clock is set minutes behind the machine's, so the test only ever purges
+        entries long expired in real time, also on a shared server.
+        """
+        start = boundary_start(kv, skew=-600)
+        hold_clock(kv, start)
+        version = await kv.create(ns, "k", b"v", ttl=30)
+        await kv.create(ns, "forever", b"v")
+        hold_clock(kv, start + 30 - CLOCK_STEP)
+        removed = await kv.purge_expired()
+        assert isinstance(removed, int) and removed >= 0
+        entry = await kv.get(ns, "k")
+        assert entry is not None and entry.version == version, (
+            "purge_expired removed an entry before its expires_at"
+        )
+        hold_clock(kv, start + 30)
+        await kv.purge_expired()
+        assert await kv.get(ns, "k") is None
+        assert [i.key for i in await kv.scan(ns)] == ["forever"]
+        assert await kv.create(ns, "k", b"again") != version
+
+    async def test_expiry_on_store_clock_not_server(self, kv: KVStore, ns: str) -> None:
+        """Expiry follows the store's clock, never the server's: with the clock minutes behind the machine's, entries written by create, replace and commit stay live until the clock reaches their expires_at, though it is long past in real time; with the clock ahead, they are gone exactly at expires_at though the server would keep them.
+
+        Native TTL (Redis, DynamoDB, Cosmos DB, Firestore) may only collect entries
+        already expired on the store's clock.
+        """
+        for skew in (-300.0, 300.0):
+            scope = f"{ns}/{'behind' if skew < 0 else 'ahead'}"
+            start = boundary_start(kv, skew=skew)
+            hold_clock(kv, start)
+            written = {"c": await kv.create(scope, "c", b"c", ttl=30)}
+            first = await kv.create(scope, "r", b"r")
+            written["r"] = await kv.replace(scope, "r", b"r2", expected_version=first, ttl=30)
+            if kv.capabilities.commit:
+                made = await kv.commit(scope, [Create("m", b"m", ttl=30)])
+                assert made[0] is not None
+                written["m"] = made[0]
+            if skew < 0 and kv.capabilities.shared_across_processes:
+                # Room for a server's TTL of whole seconds, wrongly taken from the machine's
+                # clock, to act (a process-local store has no server clock to wait for).
+                await asyncio.sleep(1.1)
+            hold_clock(kv, start + 30 - CLOCK_STEP)
+            keys = sorted(written)
+            found = await kv.get_many(scope, keys)
+            assert {k: e.version for k, e in found.items()} == written, (
+                f"clock {skew:+g} s from the machine's: entries live on the store's clock "
+                f"were not all found: {sorted(found)} of {keys}"
+            )
+            assert [i.key for i in await kv.scan(scope)] == keys
+            assert await kv.scopes(prefix=scope) == [scope]
+            with pytest.raises(ConflictError):
+                await kv.create(scope, "c", b"early")
+            hold_clock(kv, start + 30)
+            assert await kv.get_many(scope, keys) == {}
+            assert await kv.scan(scope) == []
+            assert await kv.scopes(prefix=scope) == []
+            with pytest.raises(ConflictError):
+                await kv.replace(scope, "r", b"late", expected_version=written["r"])
+            assert await kv.create(scope, "c", b"again") != written["c"]
 
     # -- the model ----------------------------------------------------------------------
 

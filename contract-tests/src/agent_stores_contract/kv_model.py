@@ -5,7 +5,9 @@ an expected version) / get / get_many / scan (prefix, start_after, limit, with a
 without values, and full paging) / scopes / drop_scope / commit on scopes whose names
 share prefixes, with scope and key names drawn from an awkward alphabet (case, ``/ _ : %``,
 backslashes, unicode in different normal forms), over a controlled clock that moves past
-TTLs. Every answer of the store is compared with a small reference model.
+TTLs and lands exactly on expiry boundaries (just before, at, just after an entry's
+``expires_at``, then probing that entry with one primitive). Every answer of the store is
+compared with a small reference model.
 
 The store runs on the test's event loop; hypothesis runs in a worker thread and hands each
 operation to the loop (``Runner``), so the store's connections stay on the loop that made them.
@@ -82,6 +84,16 @@ values = st.binary(max_size=24)
 # Whole seconds: every expiry is an exact float, whatever precision a backend stores.
 ttls = st.sampled_from([None, None, 30, 60, 90])
 ticks = st.sampled_from([1, 29, 30, 31, 60, 120])
+#: The smallest clock move the suite makes around an expiry: a power of two, so every
+#: clock reading and expiry (whole-second TTLs) stays an exact binary fraction.
+CLOCK_STEP = 2.0**-10
+#: Where a boundary move lands relative to an entry's ``expires_at`` (at it most often).
+boundary_sides = st.sampled_from([-CLOCK_STEP, 0.0, 0.0, 0.0, CLOCK_STEP])
+#: The primitive that probes the entry whose boundary the clock just reached.
+get_probes = st.sampled_from(["get", "get_many"])
+scan_probes = st.sampled_from(["scan", "scan-keys", "scan-pages"])
+delete_probes = st.sampled_from(["current", None])
+commit_probes = st.sampled_from(["create", "replace", "delete", "delete-any", "check"])
 # Which expected version an operation passes: the live one, an older one, or garbage.
 version_choices = st.sampled_from(["current", "current", "stale", "bogus"])
 
@@ -109,6 +121,14 @@ class Model:
         expires = None if ttl is None else self.now + ttl
         self.data[(scope, key)] = Entry(bytes(value), version, expires)
         self.history.setdefault((scope, key), []).append(version)
+
+    def pending(self) -> list[tuple[float, str, str]]:
+        """``(expires_at, scope, key)`` of every entry still live that will expire, in order."""
+        return sorted(
+            (e.expires_at, s, k)
+            for (s, k), e in self.data.items()
+            if e.expires_at is not None and e.expires_at > self.now
+        )
 
     def live_keys(self, scope: str, prefix: str = "") -> list[str]:
         found = [
@@ -357,6 +377,10 @@ class KVMachine(RuleBasedStateMachine):
             )
             entries.update((i.key, i.entry) for i in batch)
             assert len(batch) <= page, f"scan(limit={page}) returned {len(batch)} items"
+            # A page that does not move past start_after would loop forever: fail instead.
+            assert start_after is None or all(_order(i.key) > _order(start_after) for i in batch), (
+                f"scan(start_after={start_after!r}) returned {[i.key for i in batch]}"
+            )
             seen += [i.key for i in batch]
             if len(batch) < page:
                 break
@@ -401,6 +425,82 @@ class KVMachine(RuleBasedStateMachine):
     @rule(seconds=ticks)
     def tick(self, seconds: int) -> None:
         self.model.now += seconds
+
+    def to_expiry(self, which: int, side: float) -> tuple[str, str]:
+        """Move the clock to (or just around) a pending entry's expires_at; its (suffix, key).
+
+        Random ticks rarely stop exactly on an expiry; these moves do, and the rules
+        below then probe that entry, so an off-by-one (< for <=) in any primitive meets
+        its case.
+        """
+        pending = self.model.pending()
+        if not pending:
+            # Nothing will expire: give a hot key an expiry first, so every move lands.
+            scope = self.scope(SCOPE_SUFFIXES[which % 3])
+            turn = which % len(HOT_KEYS)
+            free = [k for k in HOT_KEYS[turn:] + HOT_KEYS[:turn] if not self.model.live(scope, k)]
+            key = free[0] if free else f"expiring-{len(self.seen_versions)}"
+            self.create(scope[len(self.prefix) :], key, b"expiring", 30)
+            pending = self.model.pending()
+        expires_at, scope, key = pending[which % len(pending)]
+        # Forward only: a store may already have removed what expired.
+        self.model.now = max(self.model.now, expires_at + side)
+        return scope[len(self.prefix) :], key
+
+    # One rule per primitive: hypothesis enables a random subset of rules per example,
+    # so each primitive meets the boundary in most examples.
+    @rule(which=st.integers(min_value=0, max_value=1 << 16), side=boundary_sides, probe=get_probes)
+    def get_at_expiry(self, which: int, side: float, probe: str) -> None:
+        suffix, key = self.to_expiry(which, side)
+        if probe == "get":
+            self.get(suffix, key)
+        else:
+            self.get_many(suffix, [key], include_live=True)
+
+    @rule(which=st.integers(min_value=0, max_value=1 << 16), side=boundary_sides, probe=scan_probes)
+    def scan_at_expiry(self, which: int, side: float, probe: str) -> None:
+        suffix, key = self.to_expiry(which, side)
+        if probe == "scan":
+            self.scan(suffix, key[:1], None, 2, True)
+        elif probe == "scan-keys":
+            self.scan(suffix, "", None, 50, False)
+        else:
+            # Pages of 1-3 under the entry's first character: the entry meets a page edge.
+            self.scan_all_pages(suffix, key[:1], 1 + which % 3)
+
+    @rule(which=st.integers(min_value=0, max_value=1 << 16), side=boundary_sides)
+    def scopes_at_expiry(self, which: int, side: float) -> None:
+        suffix, _ = self.to_expiry(which, side)
+        self.scopes(suffix, None, 12)
+
+    @rule(which=st.integers(min_value=0, max_value=1 << 16), side=boundary_sides, ttl=ttls)
+    def create_at_expiry(self, which: int, side: float, ttl: float | None) -> None:
+        suffix, key = self.to_expiry(which, side)
+        self.create(suffix, key, b"boundary", ttl)
+
+    @rule(which=st.integers(min_value=0, max_value=1 << 16), side=boundary_sides, ttl=ttls)
+    def replace_at_expiry(self, which: int, side: float, ttl: float | None) -> None:
+        suffix, key = self.to_expiry(which, side)
+        # "current" falls back to the version just expired: it must conflict.
+        self.replace(suffix, key, b"boundary", ttl, "current")
+
+    @rule(
+        which=st.integers(min_value=0, max_value=1 << 16), side=boundary_sides, probe=delete_probes
+    )
+    def delete_at_expiry(self, which: int, side: float, probe: str | None) -> None:
+        suffix, key = self.to_expiry(which, side)
+        self.delete(suffix, key, probe)
+
+    @precondition(lambda self: self.store.capabilities.commit)
+    @rule(
+        which=st.integers(min_value=0, max_value=1 << 16),
+        side=boundary_sides,
+        probe=commit_probes,
+        ttl=ttls,
+    )
+    def commit_at_expiry(self, which: int, side: float, probe: str, ttl: float | None) -> None:
+        suffix, key = self.to_expiry(which, side)
+        self.commit(suffix, [(key, probe, "current", b"boundary", ttl)])
 
     @precondition(lambda self: self.store.capabilities.commit)
     @rule(
