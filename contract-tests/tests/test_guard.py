@@ -91,7 +91,7 @@ def test_every_contract_test_states_its_guarantee() -> None:
     import agent_stores_contract as contract
 
     classes = [KVContract]
-    for name in ("SessionContract", "MemoryContract", "CheckpointerContract"):
+    for name in ("SessionContract", "MemoryContract", "CheckpointerContract", "PortContract"):
         try:
             classes.append(getattr(contract, name))
         except (ImportError, AttributeError):

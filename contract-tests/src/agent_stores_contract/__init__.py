@@ -22,6 +22,7 @@ _LAZY = {
     "MemoryContract": "agent_stores_contract.memory",
     "CheckpointerContract": "agent_stores_contract.checkpointer",
     "FaultContract": "agent_stores_contract.faults",
+    "PortContract": "agent_stores_contract.ports",
 }
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "FaultContract",
     "KVContract",
     "MemoryContract",
+    "PortContract",
     "SessionContract",
 ]
 

@@ -13,6 +13,9 @@
   of a contract test fails it.
 * Every contract test carries a behaviour id (``kv.create_then_get``), recorded in the
   test's ``user_properties`` (and so in JUnit XML) and listed in ``docs/contract.md``.
+* Port reach: the summary lists, per port method the port contract drove, how many tests
+  reached it and with which edge cases; when the run selected every port contract test,
+  a method the port offers that no test reached fails the run.
 """
 
 from __future__ import annotations
@@ -193,6 +196,34 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
             )
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    import sys
+
+    ports = sys.modules.get("agent_stores_contract.ports")
+    reach = sys.modules.get("agent_stores_contract.reach")
+    if ports is None or reach is None:
+        return
+    wanted = set(standard_tests(ports.PortContract))
+    selected: dict[type, set[str]] = {}
+    for item in session.items:
+        cls = getattr(item, "cls", None)
+        if cls is not None and issubclass(cls, ports.PortContract):
+            selected.setdefault(cls, set()).add(getattr(item, "originalname", item.name))
+    # Only a run of the whole port contract judges reach: a -k selection of a few tests
+    # would otherwise fail for the methods it left out.
+    reach.REGISTRY.enforce = any(names >= wanted for names in selected.values())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import sys
+
+    reach = sys.modules.get("agent_stores_contract.reach")
+    if reach is None or not reach.REGISTRY.enforce or not reach.REGISTRY.unreached():
+        return
+    if session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from .base import ContractBase
 
@@ -270,6 +301,19 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.section("agent-stores contract: fault runs")
         for report in reports:
             terminalreporter.write_line(report.line())
+    reach = sys.modules.get("agent_stores_contract.reach")
+    registry = getattr(reach, "REGISTRY", None)
+    if registry is not None and registry.offered:
+        terminalreporter.section("agent-stores contract: port reach (tests per port method)")
+        for line in registry.lines():
+            terminalreporter.write_line(line)
+        unreached = registry.unreached()
+        if unreached and registry.enforce:
+            for port, method in unreached:
+                terminalreporter.write_line(
+                    f"FAILED: {port.label()}.{method} is offered but no test reached it; "
+                    "the port contract has not tested it"
+                )
     skips = config.stash.get(CAPABILITY_SKIPS, [])
     if not skips:
         return

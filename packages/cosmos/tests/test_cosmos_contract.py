@@ -13,6 +13,7 @@ from agent_stores_contract import (
     FaultContract,
     KVContract,
     MemoryContract,
+    PortContract,
     SessionContract,
 )
 
@@ -43,3 +44,7 @@ class TestCosmosCheckpointer(CosmosURL, CheckpointerContract):
 
 class TestCosmosFaults(CosmosURL, FaultContract):
     """The fault contract on Cosmos DB (its own fault injector, the contract's TCP proxy)."""
+
+
+class TestCosmosPorts(CosmosURL, PortContract):
+    """The port contract on Cosmos DB (the generic ports, as it offers no native ones)."""

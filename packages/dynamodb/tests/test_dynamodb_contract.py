@@ -11,6 +11,7 @@ from agent_stores_contract import (
     FaultContract,
     KVContract,
     MemoryContract,
+    PortContract,
     SessionContract,
 )
 from dynamodb_test_support import DynamoDBURL
@@ -34,3 +35,7 @@ class TestDynamoDBCheckpointer(DynamoDBURL, CheckpointerContract):
 
 class TestDynamoDBFaults(DynamoDBURL, FaultContract):
     """The fault contract on DynamoDB (its own fault injector, the contract's TCP proxy)."""
+
+
+class TestDynamoDBPorts(DynamoDBURL, PortContract):
+    """The port contract on DynamoDB (its session port; generic memory and journal ports)."""

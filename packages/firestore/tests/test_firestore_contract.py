@@ -12,6 +12,7 @@ from agent_stores_contract import (
     FaultContract,
     KVContract,
     MemoryContract,
+    PortContract,
     SessionContract,
 )
 from firestore_test_support import with_fresh_prefix
@@ -43,3 +44,7 @@ class TestFirestoreCheckpointer(FirestoreURL, CheckpointerContract):
 
 class TestFirestoreFaults(FirestoreURL, FaultContract):
     """The fault contract on Firestore (its gRPC fault injector, the contract's TCP proxy)."""
+
+
+class TestFirestorePorts(FirestoreURL, PortContract):
+    """The port contract on Firestore (the generic ports, as it offers no native ones)."""

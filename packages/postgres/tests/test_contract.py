@@ -13,6 +13,7 @@ from agent_stores_contract import (
     FaultContract,
     KVContract,
     MemoryContract,
+    PortContract,
     SessionContract,
 )
 from pg_test_support import PostgresURL
@@ -36,3 +37,7 @@ class TestPostgresCheckpointer(PostgresURL, CheckpointerContract):
 
 class TestPostgresFaults(PostgresURL, FaultContract):
     """The fault contract on PostgreSQL (its own fault injector, the contract's TCP proxy)."""
+
+
+class TestPostgresPorts(PostgresURL, PortContract):
+    """The port contract on PostgreSQL (its session, memory and journal ports)."""

@@ -13,6 +13,7 @@ from agent_stores_contract import (
     FaultContract,
     KVContract,
     MemoryContract,
+    PortContract,
     SessionContract,
 )
 from redis_test_support import with_fresh_prefix
@@ -44,3 +45,7 @@ class TestRedisCheckpointer(RedisURLs, CheckpointerContract):
 
 class TestRedisFaults(RedisURLs, FaultContract):
     """The fault contract on Redis (its own fault injector, the contract's TCP proxy)."""
+
+
+class TestRedisPorts(RedisURLs, PortContract):
+    """The port contract on Redis (its session and memory ports; not atomic on the cluster)."""
