@@ -37,11 +37,14 @@ def requirements(name: str) -> list[str]:
     return ["agent-stores[harness]", f"agent-stores-{name}"]
 
 
-def build_wheelhouse(folder: Path) -> None:
+def build_wheelhouse(folder: Path, work: Path) -> None:
+    """Wheels of every distribution, built by plain pip in a venv of its own (the
+    interpreter running this script may have no pip: uv's venvs do not)."""
     packages = sorted(str(p.parent) for p in (ROOT / "packages").glob("*/pyproject.toml"))
-    run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), *packages]
-    )
+    builder = work / "venv-builder"
+    run([sys.executable, "-m", "venv", str(builder)])
+    python = str(builder / "bin" / "python")
+    run([python, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(folder), *packages])
 
 
 def run(args: list[str], env: dict[str, str] | None = None) -> str:
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="agent-stores-install-") as tmp:
         work = Path(tmp)
         wheelhouse = work / "wheelhouse"
-        build_wheelhouse(wheelhouse)
+        build_wheelhouse(wheelhouse, work)
         print(f"wheelhouse: {', '.join(sorted(p.name for p in wheelhouse.glob('*.whl')))}")
         failed = []
         with ThreadPoolExecutor(max_workers=2) as pool:
