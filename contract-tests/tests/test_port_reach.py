@@ -3,8 +3,10 @@ method fails a run of the whole port contract."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from agent_stores_contract.reach import PortKey, Registry
+from agent_stores_contract.reach import APPLIES, PortKey, Registry
 
 SUITE = """
 import uuid
@@ -88,9 +90,33 @@ def test_registry_counts_tests_rules_and_edges() -> None:
     registry.record(port, "read", ["hit"])
     registry.current = None
     registry.record(port, "write", ["create"])  # outside a test: not counted
-    assert registry.unreached() == [(port, "write")]
+    assert registry.unreached() == [
+        (port, "read", "expired-not-live"),
+        (port, "read", "many-parts"),
+        (port, "read", "public-checks"),
+        (port, "write", None),
+    ]
+    assert registry.failures()[0] == (
+        "memory MyPort (native).read was reached by no test of the rule 'expired-not-live' "
+        "(an expired record is never taken for a live one)"
+    )
     lines = registry.lines()
     assert lines[0] == "memory MyPort (native).read: 2 tests, 3 calls"
-    assert lines[1] == "    rules (tests): expiry 2"
+    assert lines[1] == (
+        "    rules (tests): expiry 2, expired-not-live 0 <-- NOT TESTED, "
+        "many-parts 0 <-- NOT TESTED, public-checks 0 <-- NOT TESTED"
+    )
     assert lines[2] == "    edge cases (tests): hit 2, miss 1"
     assert lines[3].endswith("REACHED BY NO TEST")
+
+
+def test_docs_list_the_rules_each_method_is_judged_on() -> None:
+    """docs/contract.md's table of rules per port method is reach.APPLIES."""
+    text = (Path(__file__).parents[2] / "docs" / "contract.md").read_text()
+    documented: dict[str, tuple[str, ...]] = {}
+    for line in text.splitlines():
+        if line.startswith(("| session `", "| memory `", "| journal `")):
+            methods, rules = (cell.strip() for cell in line.strip("|").split("|"))
+            for method in methods.split("`")[1::2]:
+                documented[method] = tuple(r.strip() for r in rules.split(","))
+    assert documented == dict(APPLIES)

@@ -13,10 +13,10 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
@@ -68,6 +68,9 @@ async def run_checkpointer_workers(commands: list[list[str]]) -> list[str]:
     return [out.decode() for out, _ in outputs]
 
 
+T = TypeVar("T")
+
+
 def offset_clock(kv: KVStore, seconds: float) -> None:
     """Move the store's clock forward by ``seconds`` (expiry is decided by the core's clock)."""
     base = kv.clock
@@ -78,7 +81,8 @@ class FlakyKV(CountingKV):
     """A real backend with injected failures on ``create`` of chosen keys.
 
     ``fail_before[key]`` raises before the write reaches the backend; ``fail_after[key]``
-    lets the write land and then raises (a lost acknowledgement). Each fires once.
+    lets the write land and then raises (a lost acknowledgement). Each fires once, on the
+    entry's create or on the native journal port's append of it.
     """
 
     def __init__(self, inner: KVStore) -> None:
@@ -100,6 +104,19 @@ class FlakyKV(CountingKV):
 
     async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
         return await super()._commit(scope, ops, now)
+
+    async def through_port(
+        self, call: str, run: Callable[[], Awaitable[T]], *, write: bool, sent: int, key: str
+    ) -> T:
+        """A native journal append of a chosen entry fails the same way as its create."""
+        if key in self.fail_before:
+            self.fail_before.discard(key)
+            raise ConnectionError(f"injected failure before writing {key}")
+        result = await super().through_port(call, run, write=write, sent=sent, key=key)
+        if key in self.fail_after:
+            self.fail_after.discard(key)
+            raise ConnectionError(f"injected failure after writing {key}")
+        return result
 
 
 def model_step(i: int, phase: Phase = Phase.COMPLETED, **fields: Any) -> JournalEvent:

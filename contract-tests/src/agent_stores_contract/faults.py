@@ -4,7 +4,8 @@
 The faults come from the backend's :class:`~agent_stores.faults.FaultInjector` (the
 ``fault_injector`` hook), which injects them at the SDK's transport while the real server
 answers everything else; a backend without one gets the core's KV-level injector
-(``agent_stores.kv.faulty``, which runs the core's generic paths). Silence comes from the
+(``agent_stores.kv.faulty``: it faults each KV call, and each call of the native ports
+it carries, as one request). Silence comes from the
 contract's own TCP proxy (:mod:`agent_stores_contract.proxy`), placed in front of the
 server through the ``proxied_url`` hook; a backend that cannot be proxied (no network, or
 a cluster client that follows redirects) is made silent by the KV-level injector instead.
@@ -148,7 +149,7 @@ def injector_for(url: str) -> FaultInjector:
 
 def injector_name(injector: FaultInjector) -> str:
     if isinstance(injector, KVFaultInjector):
-        return "KV-level injector (generic paths)"
+        return "KV-level injector (native ports faulted per call)"
     return f"{type(injector).__module__}.{type(injector).__name__}"
 
 
@@ -505,7 +506,7 @@ class FaultContract(ContractBase):
         generic = KVFaultInjector()
 
         async def wrapped() -> KVStore:
-            return generic.wrap(open_kv(store_url), owns_inner=True)
+            return generic.wrap(open_kv(store_url), owns_inner=True, native_ports=False)
 
         # The chunk write's reply lost, and the state write's (the generic port's ``replace``).
         # Another client can take the session only once the state write released it: a
@@ -522,12 +523,13 @@ class FaultContract(ContractBase):
                 other_client=other_client,
                 operation=operation,
             )
+        # On the backend's native path: at its transport, or (embedded backends, whose
+        # KV-level injector carries their native ports) on a whole port call.
         own = [f for f, kind in injector.faults.items() if kind is FaultKind.LOST_REPLY]
-        if not isinstance(injector, KVFaultInjector):
-            for fault in own:  # on the backend's native path, at its transport
-                await self.lost_reply_turns(
-                    injector, fault, opened, store_url, f"{ns}n{fault}", other_client=other_client
-                )
+        for fault in own:
+            await self.lost_reply_turns(
+                injector, fault, opened, store_url, f"{ns}n{fault}", other_client=other_client
+            )
 
     # -- silence --------------------------------------------------------------------------
 

@@ -22,9 +22,9 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pytest
 import pytest_asyncio
@@ -103,6 +103,9 @@ def crash_content(size: int) -> str:
     return (unit * (size // len(unit) + 1))[:size]
 
 
+T = TypeVar("T")
+
+
 # -- fault injection ------------------------------------------------------------------------
 
 
@@ -117,6 +120,7 @@ class FaultKV(CountingKV):
     process dies: the (k+1)-th write never happens and every later call fails. With
     ``kill_process=True`` the process really is killed (SIGKILL) at that moment.
     ``lose_ack_at=k``: the k-th write lands, but the caller gets ``BackendUnavailableError``.
+    A call of the backend's native memory port (carried through the wrapper) is one write.
     """
 
     def __init__(
@@ -126,8 +130,9 @@ class FaultKV(CountingKV):
         crash_after: int | None = None,
         lose_ack_at: int | None = None,
         kill_process: bool = False,
+        native_ports: bool = True,
     ) -> None:
-        super().__init__(inner)
+        super().__init__(inner, native_ports=native_ports)
         self.crash_after = crash_after
         self.lose_ack_at = lose_ack_at
         self.kill_process = kill_process
@@ -155,6 +160,19 @@ class FaultKV(CountingKV):
         if self.lose_ack_at == number:
             raise BackendUnavailableError(detail="connection reset: acknowledgement lost")
         return result
+
+    async def through_port(
+        self, call: str, run: Callable[[], Awaitable[T]], *, write: bool, sent: int, key: str
+    ) -> T:
+        """A native port's call is one step: a write the process may die before or lose the
+        acknowledgement of, like any other."""
+        counted = super().through_port
+        if write:
+            return cast(
+                "T", await self._write(lambda: counted(call, run, write=write, sent=sent, key=key))
+            )
+        self._alive()
+        return await counted(call, run, write=write, sent=sent, key=key)
 
     async def _get(self, scope: str, key: str) -> Entry | None:
         self._alive()
@@ -936,6 +954,7 @@ class MemoryContract(ContractBase):
                 str(k),
                 f"kill-{k}",
                 "2048",
+                self.store_path,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )

@@ -41,12 +41,21 @@ async def append_lines(url: str, prefix: str, path: str, tag: str, count: str) -
 
 
 async def crash_write(
-    url: str, prefix: str, path: str, size: str, crash_after: str, name: str, record_bytes: str
+    url: str,
+    prefix: str,
+    path: str,
+    size: str,
+    crash_after: str,
+    name: str,
+    record_bytes: str,
+    store_path: str = "native",
 ) -> None:
-    """Start a chunked write with an operation and die (SIGKILL) after ``crash_after`` KV writes."""
+    """Start a chunked write with an operation and die (SIGKILL) after ``crash_after`` KV
+    writes (a native port call counts as one), on the backend's ports or the generic ones."""
     kv = open_kv(url)
     await kv.setup()
-    faulty = FaultKV(kv, crash_after=int(crash_after), kill_process=True)
+    native = store_path == "native"
+    faulty = FaultKV(kv, crash_after=int(crash_after), kill_process=True, native_ports=native)
     store = KVMemoryStore(faulty, scope_prefix=prefix, max_record_bytes=int(record_bytes))
     await store.write(path, crash_content(int(size)), expected_version=None, operation=op(name))
     await kv.aclose()

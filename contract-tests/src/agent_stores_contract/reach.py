@@ -61,6 +61,31 @@ RULES: Mapping[str, str] = {
 }
 
 
+#: The rules each port method must be tested on: a run of the whole port contract fails
+#: when an offered method was reached by no test of one of its rules.
+APPLIES: Mapping[str, tuple[str, ...]] = {
+    "acquire": (
+        "expiry",
+        "expired-not-live",
+        "many-parts",
+        "hand-over",
+        "sliding-ttl",
+        "public-checks",
+    ),
+    "save": (
+        "expiry",
+        "expired-not-live",
+        "many-parts",
+        "hand-over",
+        "sliding-ttl",
+        "public-checks",
+    ),
+    "read": ("expiry", "expired-not-live", "many-parts", "public-checks"),
+    "write": ("expiry", "expired-not-live", "many-parts", "whole-keys", "public-checks"),
+    "append": ("expiry", "expired-not-live", "whole-keys", "public-checks"),
+}
+
+
 def rule(*names: str) -> Callable[[F], F]:
     """Mark a port contract test with the rules it checks (shown per port method in the reach table)."""
     unknown = set(names) - set(RULES)
@@ -115,13 +140,32 @@ class Registry:
         for edge_name in (*edges, *EDGES.get()):
             reach.edges.setdefault(edge_name, set()).add(test)
 
-    def unreached(self) -> list[tuple[PortKey, str]]:
-        """Offered methods no test reached."""
+    def unreached(self) -> list[tuple[PortKey, str, str | None]]:
+        """Offered methods no test reached (rule None), and per method the rules of
+        :data:`APPLIES` no test that reached it checked."""
+        missing: list[tuple[PortKey, str, str | None]] = []
+        for port, methods in self.offered.items():
+            for method in methods:
+                reach = self.reached.get((port, method), MethodReach())
+                if not reach.tests:
+                    missing.append((port, method, None))
+                    continue
+                missing += [
+                    (port, method, name)
+                    for name in APPLIES.get(method, ())
+                    if not reach.rules.get(name)
+                ]
+        return missing
+
+    def failures(self) -> list[str]:
+        """What :meth:`unreached` found, one sentence each."""
         return [
-            (port, method)
-            for port, methods in self.offered.items()
-            for method in methods
-            if not self.reached.get((port, method), MethodReach()).tests
+            f"{port.label()}.{method} is offered but no test reached it; "
+            "the port contract has not tested it"
+            if name is None
+            else f"{port.label()}.{method} was reached by no test of the rule {name!r} "
+            f"({RULES[name]})"
+            for port, method, name in self.unreached()
         ]
 
     def lines(self) -> list[str]:
@@ -143,8 +187,9 @@ class Registry:
                         "    rules (tests): "
                         + ", ".join(
                             f"{name} {len(reach.rules.get(name, ()))}"
+                            + ("" if reach.rules.get(name) else " <-- NOT TESTED")
                             for name in RULES
-                            if reach.rules.get(name)
+                            if reach.rules.get(name) or name in APPLIES.get(method, ())
                         )
                     )
                 if reach.edges:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
@@ -80,6 +80,9 @@ SessionsFactory = Callable[..., Awaitable[SessionStore]]
 SECRET = "SECRET-ARGUMENT-7f3a"
 
 
+T = TypeVar("T")
+
+
 def offset_clock(store: SessionStore, seconds: float) -> None:
     """Move a store's notion of time forward (its KV store's clock decides leases and expiry)."""
     base = store.kv.clock
@@ -87,10 +90,11 @@ def offset_clock(store: SessionStore, seconds: float) -> None:
 
 
 class FlakyKV(CountingKV):
-    """Forwards to a real client; ``replace`` raises BackendUnavailableError while told to."""
+    """Forwards to a real client; ``replace`` (and a native port's ``save``, which replaces
+    the state) raises BackendUnavailableError while told to."""
 
-    def __init__(self, inner: KVStore) -> None:
-        super().__init__(inner)
+    def __init__(self, inner: KVStore, *, native_ports: bool = True) -> None:
+        super().__init__(inner, native_ports=native_ports)
         self.fail_next_replaces = 0
         self.fail_all_replaces = False
         self.injected = 0
@@ -109,6 +113,16 @@ class FlakyKV(CountingKV):
             self.injected += 1
             raise BackendUnavailableError(detail="injected outage")
         return await super()._replace(scope, key, value, expected_version, expires_at, now)
+
+    async def through_port(
+        self, call: str, run: Callable[[], Awaitable[T]], *, write: bool, sent: int, key: str
+    ) -> T:
+        """A native port's save replaces the state: it fails like ``replace``."""
+        if call == "sessions.save" and (self.fail_all_replaces or self.fail_next_replaces > 0):
+            self.fail_next_replaces = max(0, self.fail_next_replaces - 1)
+            self.injected += 1
+            raise BackendUnavailableError(detail="injected outage")
+        return await super().through_port(call, run, write=write, sent=sent, key=key)
 
 
 async def spawn(*args: str) -> asyncio.subprocess.Process:
@@ -687,7 +701,7 @@ class SessionContract(ContractBase):
         self, kv_factory: KVFactory, ns: str
     ) -> None:
         """A few failed renewals while the lease is still valid are retried: the turn goes on and saves."""
-        flaky = FlakyKV(kv_factory())
+        flaky = FlakyKV(kv_factory(), native_ports=self.store_path == "native")
         await flaky.setup()
         async with SessionStore(flaky, owns_kv=True, lease_seconds=1.5) as store:
             sid = f"{ns}:flaky"
@@ -702,7 +716,7 @@ class SessionContract(ContractBase):
         self, kv_factory: KVFactory, ns: str
     ) -> None:
         """If renewals keep failing until the lease would expire, the owner is cancelled with SESSION_LEASE_LOST and nothing is saved."""
-        flaky = FlakyKV(kv_factory())
+        flaky = FlakyKV(kv_factory(), native_ports=self.store_path == "native")
         await flaky.setup()
         async with SessionStore(flaky, owns_kv=True, lease_seconds=1) as store:
             sid = f"{ns}:outage"
@@ -827,7 +841,7 @@ class SessionContract(ContractBase):
         self, kv_factory: KVFactory, ns: str
     ) -> None:
         """Bytes written per turn (appending 2 messages) at history 10 and 2,000 differ by less than 2x."""
-        counting = CountingKV(kv_factory())
+        counting = CountingKV(kv_factory(), native_ports=self.store_path == "native")
         await counting.setup()
         per_turn: dict[int, float] = {}
         async with SessionStore(counting, owns_kv=True) as store:

@@ -24,7 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from .. import telemetry
 from ..errors import (
@@ -36,6 +36,9 @@ from ..errors import (
     ValueTooLargeError,
 )
 from ..lifecycle import AsyncCloseable
+
+if TYPE_CHECKING:
+    from ..native import NativePorts
 
 Clock = Callable[[], float]
 
@@ -196,6 +199,12 @@ class KVStore(AsyncCloseable, ABC):
     #: The most one call may take, retries included, before it fails with
     #: BackendUnavailableError (None: unbounded). Backends set it from ``?deadline=``.
     deadline_seconds: float | None = DEFAULT_DEADLINE_SECONDS
+
+    #: The native ports stores use on this KV store when it names them itself: a wrapper
+    #: (:class:`~agent_stores.kv.counting.CountingKV`, a fault injector's) carries its inner
+    #: store's ports this way, so a store built on the wrapper still runs the backend's own
+    #: code. None: the plugins' ``session_port``/``memory_port``/``journal_port`` hooks decide.
+    ports: NativePorts | None = None
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or time.time

@@ -2,29 +2,49 @@
 
 ``CountingKV(inner)`` forwards every primitive to ``inner`` and records how many calls
 of each kind were made and how many value bytes were written and read. Stores built on
-it behave exactly as on ``inner``.
+it behave exactly as on ``inner``: it carries ``inner``'s native ports (each port call
+counted as one call, ``sessions.save``, ``memory.write``, …), unless built with
+``native_ports=False``, which makes every store on it run the core's generic ports.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 from .base import Create, Entry, KVStore, Operation, Replace, ScanItem
+from .carried import carry_ports, received_bytes
+
+T = TypeVar("T")
 
 
 class CountingKV(KVStore):
     """Counts calls (``calls``), bytes written (``bytes_written``) and read (``bytes_read``)."""
 
-    def __init__(self, inner: KVStore) -> None:
+    def __init__(self, inner: KVStore, *, native_ports: bool = True) -> None:
         # Follows the inner store's clock unless a test sets ``clock`` on the wrapper.
         super().__init__(clock=lambda: inner.clock())
+        from ..native import NativePorts
+
         self.inner = inner
         self.limits = inner.limits
         self.capabilities = inner.capabilities
+        self.deadline_seconds = inner.deadline_seconds
         self.calls: Counter[str] = Counter()
         self.bytes_written = 0
         self.bytes_read = 0
+        self.ports = carry_ports(inner, self) if native_ports else NativePorts()
+
+    async def through_port(
+        self, call: str, run: Callable[[], Awaitable[T]], *, write: bool, sent: int, key: str
+    ) -> T:
+        """Count one call of a carried native port (see :mod:`agent_stores.kv.carried`)."""
+        self.calls[call] += 1
+        self.bytes_written += sent
+        result = await run()
+        self.bytes_read += received_bytes(result)
+        return result
 
     def reset_counts(self) -> None:
         """Zero every counter."""

@@ -2,9 +2,9 @@
 
 ``memory://`` and ``sqlite://`` have no transport: the KV primitives are their wire, so
 their :class:`~agent_stores.faults.FaultInjector` wraps the store itself
-(:class:`FaultyKV`). The contract also uses it for a backend that offers no injector of
-its own, which then exercises the core's generic paths (a wrapper is not the backend's
-own KV type, so no native port is found for it).
+(:class:`FaultyKV`). The wrapper carries the store's native ports (SQLite's), so a fault
+lands on a whole port call — one transaction — as it would on a request. The contract
+also uses it for a backend that offers no injector of its own.
 
 Faults (all standard kinds):
 
@@ -32,6 +32,7 @@ from ..errors import BackendUnavailableError
 from ..faults import BaseFaultInjector, FaultKind
 from ..url import StoreURL
 from .base import Entry, KVStore, Operation, ScanItem
+from .carried import carry_ports
 
 T = TypeVar("T")
 
@@ -44,7 +45,9 @@ class KVFaultInjector(BaseFaultInjector):
     ``after_lost_reply``, when set, is awaited after a lost reply's write was applied and
     before the caller hears of it: a test uses it to let another client act in between.
     Operation names for :meth:`arm`: ``get``, ``get_many``, ``create``, ``replace``,
-    ``delete``, ``scan``, ``scopes``, ``drop_scope``, ``commit``.
+    ``delete``, ``scan``, ``scopes``, ``drop_scope``, ``commit``, and for the native ports
+    a wrapped store carries (:mod:`agent_stores.kv.carried`) ``sessions.acquire``,
+    ``sessions.save``, ``memory.read``, ``memory.write``, ``journal.append``.
     """
 
     faults: Mapping[str, FaultKind] = {
@@ -67,22 +70,43 @@ class KVFaultInjector(BaseFaultInjector):
 
         return self.wrap(open_kv(url, **options), owns_inner=True)
 
-    def wrap(self, inner: KVStore, *, owns_inner: bool = False) -> FaultyKV:
-        """``inner`` behind this injector."""
-        return FaultyKV(inner, self, owns_inner=owns_inner)
+    def wrap(
+        self, inner: KVStore, *, owns_inner: bool = False, native_ports: bool = True
+    ) -> FaultyKV:
+        """``inner`` behind this injector, carrying its native ports (each port call one
+        request to fault), or with the core's generic ports only (``native_ports=False``)."""
+        return FaultyKV(inner, self, owns_inner=owns_inner, native_ports=native_ports)
 
 
 class FaultyKV(KVStore):
     """A KV store whose calls pass through a :class:`KVFaultInjector`."""
 
-    def __init__(self, inner: KVStore, injector: KVFaultInjector, *, owns_inner: bool) -> None:
+    def __init__(
+        self,
+        inner: KVStore,
+        injector: KVFaultInjector,
+        *,
+        owns_inner: bool,
+        native_ports: bool = True,
+    ) -> None:
         super().__init__(clock=lambda: inner.clock())
+        from ..native import NativePorts
+
         self.inner = inner
         self.injector = injector
         self.limits = inner.limits
         self.capabilities = inner.capabilities
         self.deadline_seconds = inner.deadline_seconds
         self._owns_inner = owns_inner
+        self.ports = carry_ports(inner, self) if native_ports else NativePorts()
+
+    async def through_port(
+        self, call: str, run: Callable[[], Awaitable[T]], *, write: bool, sent: int, key: str
+    ) -> T:
+        """A carried native port's call, faulted as one request (operation name ``call``:
+        ``sessions.acquire``, ``sessions.save``, ``memory.read``, ``memory.write``,
+        ``journal.append``)."""
+        return await self._through(call, run, write=write)
 
     def describe(self) -> str:
         return self.inner.describe()
