@@ -289,11 +289,11 @@ class CommitNotAtomic(MemoryKV):
         for index, op in enumerate(ops):
             try:
                 if isinstance(op, Create):
-                    expires_at = self._expires_at(op.ttl, now)
+                    expires_at = self.expires_at(op.ttl, now)
                     results.append(await self._create(scope, op.key, op.value, expires_at, now))
                     continue
                 if isinstance(op, Replace):
-                    expires_at = self._expires_at(op.ttl, now)
+                    expires_at = self.expires_at(op.ttl, now)
                     results.append(
                         await self._replace(
                             scope, op.key, op.value, op.expected_version, expires_at, now

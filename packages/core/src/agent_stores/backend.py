@@ -2,8 +2,13 @@
 
 A backend subclasses :class:`KVStore` (its ``_`` primitives are the documented backend
 contract, see ``docs/kv.md``), registers its scheme with :data:`hookimpl`, and may hand
-the stores native ports (``docs/plugins.md``, "Native paths"). The port types are
-imported on first use: they pull in Pydantic AI, which a KV-only backend never needs.
+the stores native ports (``docs/plugins.md``, "Native paths"). The port toolkit — the port
+types, the session record layout and codecs a native acquire reads and writes
+(``STATE_KEY``, ``decode_state``, ``acquired_state``, …), and the public API's own checks
+(``KVStore.check_open``, ``check_ids``, ``check_value``, ``expires_at``) — is here too; a
+backend needs nothing else from the core but ``agent_stores`` and ``agent_stores.errors``.
+The port and record types are imported on first use: they pull in Pydantic AI, which a
+KV-only backend never needs.
 """
 
 from __future__ import annotations
@@ -42,20 +47,38 @@ from .kv.base import (
     prefix_upper_bound,
     within_deadline,
 )
-from .url import StoreURL, check_options, redact
+from .url import MASK, StoreURL, check_options, redact
 
 if TYPE_CHECKING:
     from .checkpointer.port import AppendOutcome, AppendRequest, JournalPort, KVJournalPort
     from .memory.port import MARKER_VALUE, FileWrite, IndexWrite, KVMemoryPort, MemoryPort
+    from .native import NativePorts
+    from .sessions import SessionStore
     from .sessions.port import (
         GENERIC,
+        HEADER_START,
+        KEPT_FIELDS,
         AcquireReply,
         AcquireRequest,
         ChunkWrite,
         KVSessionPort,
         SaveRequest,
         SessionPort,
+        acquired_header,
         acquired_state,
+        fresh_state,
+    )
+    from .sessions.records import (
+        CHUNK_PREFIX,
+        FORMAT,
+        STATE_KEY,
+        WAITER_KEY,
+        ChunkRef,
+        Lease,
+        RecordError,
+        StateHeader,
+        decode_state,
+        encode_state,
     )
 
 # name -> module, for the port types imported on first use
@@ -63,16 +86,37 @@ _LAZY = {
     **dict.fromkeys(
         [
             "GENERIC",
+            "HEADER_START",
+            "KEPT_FIELDS",
             "AcquireReply",
             "AcquireRequest",
             "ChunkWrite",
             "KVSessionPort",
             "SaveRequest",
             "SessionPort",
+            "acquired_header",
             "acquired_state",
+            "fresh_state",
         ],
         "agent_stores.sessions.port",
     ),
+    **dict.fromkeys(
+        [
+            "CHUNK_PREFIX",
+            "FORMAT",
+            "STATE_KEY",
+            "WAITER_KEY",
+            "ChunkRef",
+            "Lease",
+            "RecordError",
+            "StateHeader",
+            "decode_state",
+            "encode_state",
+        ],
+        "agent_stores.sessions.records",
+    ),
+    "SessionStore": "agent_stores.sessions",
+    "NativePorts": "agent_stores.native",
     **dict.fromkeys(
         ["MARKER_VALUE", "FileWrite", "IndexWrite", "KVMemoryPort", "MemoryPort"],
         "agent_stores.memory.port",
@@ -92,10 +136,17 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CHUNK_PREFIX",
     "DEFAULT_DEADLINE_SECONDS",
+    "FORMAT",
     "GENERIC",
+    "HEADER_START",
+    "KEPT_FIELDS",
     "MARKER_VALUE",
+    "MASK",
     "MIN_VALUE_BYTES",
+    "STATE_KEY",
+    "WAITER_KEY",
     "AcquireReply",
     "AcquireRequest",
     "AppendOutcome",
@@ -103,6 +154,7 @@ __all__ = [
     "BackendUnavailableError",
     "BaseFaultInjector",
     "Check",
+    "ChunkRef",
     "ChunkWrite",
     "Clock",
     "ConfigError",
@@ -124,19 +176,28 @@ __all__ = [
     "KVMemoryPort",
     "KVSessionPort",
     "KVStore",
+    "Lease",
     "MemoryPort",
+    "NativePorts",
     "Operation",
+    "RecordError",
     "RegisterBackend",
     "Replace",
     "SaveRequest",
     "ScanItem",
     "SessionPort",
+    "SessionStore",
+    "StateHeader",
     "StoreURL",
     "UnknownOptionError",
     "UnsupportedError",
     "ValueTooLargeError",
+    "acquired_header",
     "acquired_state",
     "check_options",
+    "decode_state",
+    "encode_state",
+    "fresh_state",
     "hookimpl",
     "new_version",
     "prefix_upper_bound",

@@ -265,7 +265,7 @@ class MemoryKV(KVStore):
             for op in ops:
                 if isinstance(op, Create | Replace):
                     version = new_version()
-                    expires_at = self._expires_at(op.ttl, now)
+                    expires_at = self.expires_at(op.ttl, now)
                     self._put(scope, op.key, Entry(bytes(op.value), version, expires_at))
                     results.append(version)
                 elif isinstance(op, Delete):

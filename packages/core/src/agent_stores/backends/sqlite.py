@@ -236,7 +236,7 @@ class SQLiteKV(KVStore):
     async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction on the worker thread (one
         commit; rolled back when ``fn`` raises). For the native ports of the stores."""
-        self._check_open()
+        self.check_open()
 
         def op(c: sqlite3.Connection) -> T:
             c.execute("BEGIN IMMEDIATE")
@@ -471,7 +471,7 @@ class SQLiteKV(KVStore):
                     result: str | None = None
                     if isinstance(item, Create):
                         result = self._create_in(
-                            c, scope, item.key, item.value, self._expires_at(item.ttl, now), now
+                            c, scope, item.key, item.value, self.expires_at(item.ttl, now), now
                         )
                         ok = result is not None
                     elif isinstance(item, Replace):
@@ -481,7 +481,7 @@ class SQLiteKV(KVStore):
                             item.key,
                             item.value,
                             item.expected_version,
-                            self._expires_at(item.ttl, now),
+                            self.expires_at(item.ttl, now),
                             now,
                         )
                         ok = result is not None

@@ -266,8 +266,8 @@ class KVStore(AsyncCloseable, ABC):
     @_bounded
     async def get(self, scope: str, key: str) -> Entry | None:
         """The live entry at ``(scope, key)``, or None when absent or expired."""
-        self._check_open()
-        self._check_ids(scope, key)
+        self.check_open()
+        self.check_ids(scope, key)
         entry = await self._get(scope, key)
         if entry is None or entry.expired(self.clock()):
             return None
@@ -277,10 +277,10 @@ class KVStore(AsyncCloseable, ABC):
     @_bounded
     async def get_many(self, scope: str, keys: Sequence[str]) -> dict[str, Entry]:
         """Live entries of ``keys`` in one round trip where the backend can; missing keys are omitted."""
-        self._check_open()
+        self.check_open()
         unique = list(dict.fromkeys(keys))
         for key in unique:
-            self._check_ids(scope, key)
+            self.check_ids(scope, key)
         if not unique:
             return {}
         found = await self._get_many(scope, unique)
@@ -294,11 +294,11 @@ class KVStore(AsyncCloseable, ABC):
 
         Raises :class:`~agent_stores.errors.ConflictError` when a live entry exists.
         """
-        self._check_open()
-        self._check_ids(scope, key)
-        self._check_value(scope, key, value)
+        self.check_open()
+        self.check_ids(scope, key)
+        self.check_value(scope, key, value)
         now = self.clock()
-        return await self._create(scope, key, value, self._expires_at(ttl, now), now)
+        return await self._create(scope, key, value, self.expires_at(ttl, now), now)
 
     @telemetry.kv_call
     @_bounded
@@ -316,20 +316,20 @@ class KVStore(AsyncCloseable, ABC):
         ``ttl`` applies to the new value (None: never expires). Raises
         :class:`~agent_stores.errors.ConflictError` otherwise.
         """
-        self._check_open()
-        self._check_ids(scope, key)
-        self._check_value(scope, key, value)
+        self.check_open()
+        self.check_ids(scope, key)
+        self.check_value(scope, key, value)
         now = self.clock()
         return await self._replace(
-            scope, key, value, expected_version, self._expires_at(ttl, now), now
+            scope, key, value, expected_version, self.expires_at(ttl, now), now
         )
 
     @telemetry.kv_call
     @_bounded
     async def delete(self, scope: str, key: str, *, expected_version: str | None = None) -> bool:
         """Delete the live entry (only at ``expected_version`` when given). True if it happened."""
-        self._check_open()
-        self._check_ids(scope, key)
+        self.check_open()
+        self.check_ids(scope, key)
         return await self._delete(scope, key, expected_version, self.clock())
 
     @telemetry.kv_call
@@ -348,8 +348,8 @@ class KVStore(AsyncCloseable, ABC):
         At most ``limit`` items; fewer means the end was reached. ``values=False`` lets the
         backend skip reading values (``ScanItem.entry`` is then None).
         """
-        self._check_open()
-        self._check_scope(scope)
+        self.check_open()
+        self.check_scope(scope)
         if limit < 1:
             raise ValueError("limit must be >= 1")
         return await self._scan(scope, prefix, start_after, limit, values, self.clock())
@@ -375,7 +375,7 @@ class KVStore(AsyncCloseable, ABC):
         self, *, prefix: str = "", start_after: str | None = None, limit: int = 100
     ) -> list[str]:
         """Scopes holding at least one entry, in byte order. Admin use: may be slow."""
-        self._check_open()
+        self.check_open()
         if limit < 1:
             raise ValueError("limit must be >= 1")
         return await self._scopes(prefix, start_after, limit, self.clock())
@@ -384,8 +384,8 @@ class KVStore(AsyncCloseable, ABC):
     @_bounded
     async def drop_scope(self, scope: str) -> int:
         """Delete every entry of ``scope`` (erasure). Returns how many were deleted."""
-        self._check_open()
-        self._check_scope(scope)
+        self.check_open()
+        self.check_scope(scope)
         return await self._drop_scope(scope)
 
     @telemetry.kv_call
@@ -397,43 +397,52 @@ class KVStore(AsyncCloseable, ABC):
         condition nothing is written and :class:`~agent_stores.errors.ConflictError` is raised
         with ``index`` set to the first failing operation.
         """
-        self._check_open()
+        self.check_open()
         if not self.capabilities.commit:
             raise UnsupportedError(detail=f"{self.backend_name} does not support multi-key commit")
-        self._check_scope(scope)
+        self.check_scope(scope)
         seen: set[str] = set()
         for op in ops:
-            self._check_ids(scope, op.key)
+            self.check_ids(scope, op.key)
             if op.key in seen:
                 raise ValueError(f"commit: key {op.key!r} appears twice")
             seen.add(op.key)
             if isinstance(op, Create | Replace):
-                self._check_value(scope, op.key, op.value)
+                self.check_value(scope, op.key, op.value)
         if not ops:
             return []
         return await self._commit(scope, list(ops), self.clock())
 
     # -- helpers for subclasses and the public API ----------------------------------------
 
-    def _expires_at(self, ttl: float | None, now: float) -> float | None:
+    # -- checks, public so native ports apply exactly the public API's ----------------------
+
+    def expires_at(self, ttl: float | None, now: float) -> float | None:
+        """The absolute expiry of a write made at ``now`` with ``ttl`` seconds (None: never);
+        ``ttl`` must be positive. An entry is expired once ``expires_at <= now``."""
         if ttl is None:
             return None
         if ttl <= 0:
             raise ValueError("ttl must be positive (or None for no expiry)")
         return now + ttl
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise ResourceClosedError once :meth:`aclose` was called."""
         if self._closed:
             raise ResourceClosedError(detail=f"{self.describe()} is closed")
 
-    def _check_scope(self, scope: str) -> None:
+    def check_scope(self, scope: str) -> None:
+        """Raise InvalidIdError unless ``scope`` is a valid scope name (``docs/kv.md``)."""
         _check_id("scope", scope, self.limits.max_scope_chars)
 
-    def _check_ids(self, scope: str, key: str) -> None:
+    def check_ids(self, scope: str, key: str) -> None:
+        """Raise InvalidIdError unless ``scope`` and ``key`` are valid ids (``docs/kv.md``)."""
         _check_id("scope", scope, self.limits.max_scope_chars)
         _check_id("key", key, self.limits.max_key_chars)
 
-    def _check_value(self, scope: str, key: str, value: bytes) -> None:
+    def check_value(self, scope: str, key: str, value: bytes) -> None:
+        """Raise ValueTooLargeError when ``value`` exceeds ``limits.max_value_bytes`` (TypeError
+        when it is not bytes)."""
         if not isinstance(value, bytes | bytearray | memoryview):
             raise TypeError(f"value must be bytes, got {type(value).__name__}")
         if len(value) > self.limits.max_value_bytes:
@@ -443,6 +452,13 @@ class KVStore(AsyncCloseable, ABC):
                 size=len(value),
                 limit=self.limits.max_value_bytes,
             )
+
+    # The names these checks had before they were public, for backends not yet moved.
+    _expires_at = expires_at
+    _check_open = check_open
+    _check_scope = check_scope
+    _check_ids = check_ids
+    _check_value = check_value
 
     # -- primitives a backend implements ------------------------------------------------
 
