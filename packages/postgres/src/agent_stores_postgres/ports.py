@@ -13,6 +13,10 @@ hooks. A statement whose connection breaks mid-flight (a lost reply) is confirme
 reading back the record it wrote: the new version there means it applied (versions are
 never reused). Otherwise the outcome is unknown (``BACKEND_UNAVAILABLE``); retrying with
 the same operation replays.
+
+Both apply the public KV API's checks (closed store, ids, value sizes, TTLs) to everything
+they would write before sending anything: the generic ports get them from the KV calls
+they make, and a port must refuse exactly what they refuse.
 """
 
 from __future__ import annotations
@@ -178,28 +182,35 @@ class PostgresMemoryPort:
     async def write(self, write: FileWrite) -> str:
         """Record, receipt index entry and markers in one statement (one commit)."""
         kv = self.kv
-        now = kv.clock()
+        kv._check_open()
+        # The generic port's order: markers, record, index (each a KV create/replace).
+        markers = write.markers
+        for scope, key in markers:
+            kv._check_ids(scope, key)
+        kv._check_ids(write.scope, write.key)
         kv._check_value(write.scope, write.key, write.value)
         index = write.index
+        if index is not None:
+            kv._check_ids(index.scope, index.key)
+            kv._check_value(index.scope, index.key, index.value)
+        now = kv.clock()
         version = new_version()
         params: dict[str, Any] = {
             "scope": write.scope,
             "key": write.key,
             "value": write.value,
             "version": version,
-            "expires_at": None if write.ttl is None else now + write.ttl,
+            "expires_at": kv._expires_at(write.ttl, now),
             "now": now,
         }
         if write.expected_version is not None:
             params["expected"] = write.expected_version
         if index is not None:
-            kv._check_value(index.scope, index.key, index.value)
             params["iscope"] = index.scope
             params["ikey"] = index.key
             params["ivalue"] = index.value
             params["iversion"] = new_version()
-            params["iexpires_at"] = None if index.ttl is None else now + index.ttl
-        markers = write.markers
+            params["iexpires_at"] = kv._expires_at(index.ttl, now)
         if markers:
             params["marker"] = MARKER_VALUE
             params["mscopes"] = [m[0] for m in markers]
@@ -247,8 +258,13 @@ class PostgresJournalPort:
     async def append(self, request: AppendRequest) -> AppendOutcome:
         """Counter and entry in one statement (one commit)."""
         kv = self.kv
-        now = kv.clock()
+        kv._check_open()
+        # What the core's two-step append checks: the counter's CAS, then the entry's create.
+        kv._check_ids(request.scope, request.head_key)
+        kv._check_value(request.scope, request.head_key, request.head_value)
+        kv._check_ids(request.scope, request.key)
         kv._check_value(request.scope, request.key, request.value)
+        now = kv.clock()
         version = new_version()
         head_version = new_version()
         params: dict[str, Any] = {
@@ -259,7 +275,7 @@ class PostgresJournalPort:
             "hkey": request.head_key,
             "hvalue": request.head_value,
             "hversion_new": head_version,
-            "expires_at": None if request.ttl is None else now + request.ttl,
+            "expires_at": kv._expires_at(request.ttl, now),
             "now": now,
         }
         if request.head_version is not None:

@@ -8,12 +8,16 @@ stored layout and fencing rules, the contract unchanged):
     what the generic code decides in Python (lease held by another owner → busy; this
     store just released and another client waits → courtesy; otherwise take the lease:
     ``fence + 1``, new lease, ``updated_at``, ``released`` cleared), writes the new state
-    with a fresh version, drops this store's waiting hint, and returns the new state
+    with a fresh version — byte for byte what
+    :func:`~agent_stores.sessions.port.acquired_state` makes of the stored one: the
+    rewritten header fields come from Python, the server splices in the fence and copies
+    the rest — drops this store's waiting hint, and returns the new state
     together with every history chunk part whose chunk the request does not list as held
     (the client lists the chunks it has cached, so a cold turn costs the same one
     statement and receives only what it lacks). An absent (or expired) session is created
     in the same statement. Anything unusual — a recovery marker, chunks that need
-    re-copying before the TTL, a header the server cannot read — is answered ``GENERIC``.
+    re-copying before the TTL, a header the server cannot read or that is not in the layout
+    ``encode_state`` writes, a new state over ``max_value_bytes`` — is answered ``GENERIC``.
 
 ``save`` — new history chunks are inserted by the same statement that swaps the state
     (``UPDATE … WHERE version = <fence>`` in a CTE, chunks inserted only if it matched):
@@ -38,11 +42,35 @@ from agent_stores.backend import (
 )
 from agent_stores.errors import ConfigError, ConflictError
 from agent_stores.kv.base import new_version
+from agent_stores.sessions.port import HEADER_START, KEPT_FIELDS, acquired_header
 from agent_stores.sessions.records import FORMAT, STATE_KEY, WAITER_KEY
 from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
 from .pool import write_cursor
+
+#: The second fence field of an acquired header (the lease's; the first ends HEADER_START).
+_LEASE_FENCE = b',"fence":'
+
+
+def _acquired_header_around_fence(owner: str, lease_end: float, now: float) -> tuple[bytes, bytes]:
+    """``acquired_header`` cut around its two fence numbers, as ``(middle, end)``:
+    ``acquired_header(f, …) == HEADER_START + str(f) + middle + str(f) + end`` for every f.
+
+    Taken from the core's function rather than spelled out again, so the statement writes
+    the bytes :func:`~agent_stores.sessions.port.acquired_state` does even if its layout
+    changes; the server only knows the fence.
+    """
+    zero = acquired_header(0, owner, lease_end, now)
+    body = zero[len(HEADER_START) + 1 :]
+    # The lease's fence is the last one: only numbers and fixed names follow it.
+    cut = body.rindex(_LEASE_FENCE + b"0") + len(_LEASE_FENCE)
+    middle, end = body[:cut], body[cut + 1 :]
+    probe = acquired_header(12, owner, lease_end, now)
+    if not zero.startswith(HEADER_START) or probe != HEADER_START + b"12" + middle + b"12" + end:
+        raise AssertionError("acquired_header's layout changed: update the session port")
+    return middle, end
+
 
 _ACQUIRE: LiteralString = """
 WITH cur AS (
@@ -56,8 +84,27 @@ hdr AS (
     SELECT version, value, nl,
            CASE WHEN nl > 1
                 THEN convert_from(substring(value FROM 1 FOR nl - 1), 'UTF8')::jsonb
-           END AS h
+           END AS h,
+           -- the header after HEADER_START, when the record starts with it
+           CASE WHEN nl > %(start_len)s::int
+                     AND substring(value FROM 1 FOR %(start_len)s::int) = %(start)s
+                THEN substring(value FROM %(start_len)s::int + 1 FOR nl - 1 - %(start_len)s::int)
+           END AS rest
     FROM cur
+),
+lay AS (
+    -- where acquired_state() finds the fence's digits (up to the first comma) and the
+    -- first kept field (,"chunks":), 1-based within rest; 0: absent
+    SELECT hdr.*, position(%(kept)s IN rest) AS kept, position(','::bytea IN rest) AS comma
+    FROM hdr
+),
+fen AS (
+    SELECT lay.*,
+           CASE WHEN comma > 1 AND kept > comma
+                     AND encode(substring(rest FROM 1 FOR comma - 1), 'escape') ~ '^[0-9]+$'
+                THEN (encode(substring(rest FROM 1 FOR comma - 1), 'escape')::numeric + 1)::text
+           END AS fence
+    FROM lay
 ),
 waiter AS (
     SELECT value FROM {kv}
@@ -65,7 +112,7 @@ waiter AS (
       AND (expires_at IS NULL OR expires_at > %(now)s)
 ),
 dec AS (
-    SELECT hdr.*,
+    SELECT fen.*,
         CASE
             WHEN h IS NULL OR jsonb_typeof(h) <> 'object'
                  OR h->>'format' IS DISTINCT FROM %(format)s
@@ -93,22 +140,22 @@ dec AS (
                     WHERE jsonb_typeof(ref->6) = 'number'
                       AND (ref->>6)::float8 < %(horizon)s::float8)
                 THEN 'fallback'
+            -- not the layout acquired_state() rewrites: the generic path re-encodes it
+            WHEN fence IS NULL
+                THEN 'fallback'
+            -- the new state must fit like any KV value: the generic path refuses it
+            WHEN %(start_len)s::int + 2 * length(fence) + %(fixed_len)s::int
+                 + length(value) - %(start_len)s::int - kept + 1 > %(max_bytes)s::int
+                THEN 'fallback'
             ELSE 'acquire'
         END AS decision
-    FROM hdr
+    FROM fen
 ),
 upd AS (
     UPDATE {kv} AS t
-    SET value = convert_to((d.h || jsonb_build_object(
-                    'lease', jsonb_build_object(
-                        'owner', %(owner)s::text,
-                        'fence', (d.h->>'fence')::bigint + 1,
-                        'expires_at', %(lease_end)s::float8,
-                        'acquired_at', %(now)s::float8),
-                    'fence', (d.h->>'fence')::bigint + 1,
-                    'updated_at', %(now)s::float8,
-                    'released', NULL))::text, 'UTF8')
-                || decode('0a', 'hex') || substring(d.value FROM d.nl + 1),
+    SET value = %(start)s || convert_to(d.fence, 'UTF8') || %(middle)s
+                || convert_to(d.fence, 'UTF8') || %(end)s
+                || substring(d.value FROM %(start_len)s::int + d.kept),
         version = %(version)s,
         expires_at = %(expires_at)s::float8
     FROM dec AS d
@@ -189,8 +236,17 @@ class PostgresSessionPort:
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
         """One statement: decide, take the lease (or create the session), return the
         state and the parts of the chunks not held."""
+        kv = self.kv
+        kv._check_open()
+        # The KV reads and writes the generic acquire makes: state and hint, then the state.
+        kv._check_ids(request.scope, STATE_KEY)
+        kv._check_ids(request.scope, WAITER_KEY)
         now = request.now
-        expires_at = None if request.ttl_seconds is None else now + request.ttl_seconds
+        expires_at = kv._expires_at(request.ttl_seconds, now)
+        fresh = request.fresh_state()
+        if len(fresh) > kv.limits.max_value_bytes:
+            return GENERIC  # the generic create refuses it (an owner id of many kilobytes)
+        middle, end = _acquired_header_around_fence(request.owner, request.lease_end, now)
         version = new_version()
         params: dict[str, Any] = {
             "scope": request.scope,
@@ -206,9 +262,16 @@ class PostgresSessionPort:
             "lease_end": request.lease_end,
             "version": version,
             "expires_at": expires_at,
-            "fresh": request.fresh_state(),
+            "fresh": fresh,
             "load": request.load_history,
             "cached": sorted(request.held_chunks),
+            "start": HEADER_START,
+            "start_len": len(HEADER_START),
+            "kept": KEPT_FIELDS,
+            "middle": middle,
+            "end": end,
+            "fixed_len": len(middle) + len(end),
+            "max_bytes": kv.limits.max_value_bytes,
         }
 
         async def run(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]] | None:
@@ -218,7 +281,7 @@ class PostgresSessionPort:
                 return None  # a header the server cannot read: the generic path reports it
             return await cur.fetchall()
 
-        rows = await self.kv.run_native_write("session acquire", run)
+        rows = await kv.run_native_write("session acquire", run)
         state = next((r for r in rows or () if r[0] == "state"), None)
         if state is None:
             return GENERIC
@@ -240,15 +303,25 @@ class PostgresSessionPort:
 
     async def save(self, request: SaveRequest) -> str:
         """The chunk parts and the fenced state swap in one statement (one commit)."""
-        now = self.kv.clock()
+        kv = self.kv
+        kv._check_open()
         keys: list[str] = []
         values: list[bytes] = []
         expiries: list[float | None] = []
+        # The generic port's order: the parts' creates, then the state's replace.
         for chunk in request.chunks:
             for i, part in enumerate(chunk.parts):
-                keys.append(f"{chunk.key}/{i}")
+                key = f"{chunk.key}/{i}"
+                kv._check_ids(request.scope, key)
+                kv._check_value(request.scope, key, part)
+                keys.append(key)
                 values.append(bytes(part))
                 expiries.append(chunk.expires_at)
+        kv._check_ids(request.scope, STATE_KEY)
+        kv._check_value(request.scope, STATE_KEY, request.state)
+        now = kv.clock()
+        if keys:
+            kv._expires_at(request.chunk_ttl_seconds, now)  # the generic creates' TTL check
         version = new_version()
         params: dict[str, Any] = {
             "scope": request.scope,
@@ -256,17 +329,13 @@ class PostgresSessionPort:
             "value": request.state,
             "version": version,
             "expected": request.expected_version,
-            "expires_at": None if request.ttl_seconds is None else now + request.ttl_seconds,
+            "expires_at": kv._expires_at(request.ttl_seconds, now),
             "now": now,
             "keys": keys,
             "values": values,
             "versions": [new_version() for _ in keys],
             "expiries": expiries,
         }
-        self.kv._check_value(request.scope, STATE_KEY, request.state)
-        # Parts are checked like any value: the port must refuse what the KV API would.
-        for key, value in zip(keys, values, strict=True):
-            self.kv._check_value(request.scope, key, value)
 
         async def run(conn: AsyncConnection[Any]) -> tuple[int, int]:
             cur = await write_cursor(conn).execute(self._save_sql, params)
@@ -276,10 +345,10 @@ class PostgresSessionPort:
 
         async def confirm() -> tuple[int, int] | None:
             # The new state version there means this very statement applied (with its chunks).
-            found = await self.kv.version_of("session save", request.scope, STATE_KEY)
+            found = await kv.version_of("session save", request.scope, STATE_KEY)
             return (1, len(keys)) if found == version else None
 
-        swapped, inserted = await self.kv.run_native_write("session save", run, confirm=confirm)
+        swapped, inserted = await kv.run_native_write("session save", run, confirm=confirm)
         if not swapped:
             raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
         assert inserted == len(keys)

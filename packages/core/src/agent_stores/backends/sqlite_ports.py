@@ -9,6 +9,10 @@ KV call.
 * checkpointer — the position counter and the entry together (:class:`SQLiteJournalPort`).
 
 The builtin plugin hands them to the core stores through the ``*_store`` hooks.
+
+Every port method applies the public KV API's checks (closed store, ids, value sizes,
+TTLs) to everything it would write, before the transaction starts: the generic ports get
+them from the KV calls they make, and a port must refuse exactly what they refuse.
 """
 
 from __future__ import annotations
@@ -39,12 +43,19 @@ class SQLiteMemoryPort:
     async def write(self, write: FileWrite) -> str:
         """Index absent → record CAS → index → markers, all in one transaction."""
         kv = self.kv
-        now = kv.clock()
-        record_expiry = None if write.ttl is None else now + write.ttl
+        kv.check_open()
+        # The generic port's order: markers, record, index (each a KV create/replace).
+        for scope, key in write.markers:
+            kv.check_ids(scope, key)
+        kv.check_ids(write.scope, write.key)
+        kv.check_value(write.scope, write.key, write.value)
         index = write.index
         if index is not None:
-            kv._check_value(index.scope, index.key, index.value)
-        kv._check_value(write.scope, write.key, write.value)
+            kv.check_ids(index.scope, index.key)
+            kv.check_value(index.scope, index.key, index.value)
+        now = kv.clock()
+        record_expiry = kv.expires_at(write.ttl, now)
+        index_expiry = None if index is None else kv.expires_at(index.ttl, now)
 
         def op(c: sqlite3.Connection) -> str:
             if index is not None and kv.live_version_in(c, index.scope, index.key, now):
@@ -64,8 +75,7 @@ class SQLiteMemoryPort:
             if version is None:
                 raise ConflictError("record changed", scope=write.scope, key=write.key)
             if index is not None:
-                expiry = None if index.ttl is None else now + index.ttl
-                kv.create_in(c, index.scope, index.key, index.value, expiry, now)
+                kv.create_in(c, index.scope, index.key, index.value, index_expiry, now)
             for scope, key in write.markers:
                 kv.create_in(c, scope, key, MARKER_VALUE, None, now)  # None: already marked
             return version
@@ -87,20 +97,26 @@ class SQLiteSessionPort:
     async def save(self, request: SaveRequest) -> str:
         """Chunk parts and the fenced state swap in one transaction."""
         kv = self.kv
-        now = kv.clock()
-        state_expiry = None if request.ttl_seconds is None else now + request.ttl_seconds
-        kv._check_value(request.scope, STATE_KEY, request.state)
+        kv.check_open()
         parts = [
-            (f"{chunk.key}/{i}", bytes(part), chunk.expires_at)
+            (f"{chunk.key}/{i}", part, chunk.expires_at)
             for chunk in request.chunks
             for i, part in enumerate(chunk.parts)
         ]
+        # The generic port's order: the parts' creates, then the state's replace.
         for key, part, _ in parts:
-            kv._check_value(request.scope, key, part)
+            kv.check_ids(request.scope, key)
+            kv.check_value(request.scope, key, part)
+        kv.check_ids(request.scope, STATE_KEY)
+        kv.check_value(request.scope, STATE_KEY, request.state)
+        now = kv.clock()
+        if parts:
+            kv.expires_at(request.chunk_ttl_seconds, now)  # the generic creates' TTL check
+        state_expiry = kv.expires_at(request.ttl_seconds, now)
 
         def op(c: sqlite3.Connection) -> str:
             for key, part, expiry in parts:
-                if kv.create_in(c, request.scope, key, part, expiry, now) is None:
+                if kv.create_in(c, request.scope, key, bytes(part), expiry, now) is None:
                     raise ConflictError("chunk exists", scope=request.scope, key=key)
             version = kv.replace_in(
                 c,
@@ -130,9 +146,14 @@ class SQLiteJournalPort:
     async def append(self, request: AppendRequest) -> AppendOutcome:
         """See :meth:`~agent_stores.checkpointer.port.JournalPort.append`."""
         kv = self.kv
+        kv.check_open()
+        # What the core's two-step append checks: the counter's CAS, then the entry's create.
+        kv.check_ids(request.scope, request.head_key)
+        kv.check_value(request.scope, request.head_key, request.head_value)
+        kv.check_ids(request.scope, request.key)
+        kv.check_value(request.scope, request.key, request.value)
         now = kv.clock()
-        expiry = None if request.ttl is None else now + request.ttl
-        kv._check_value(request.scope, request.key, request.value)
+        expiry = kv.expires_at(request.ttl, now)
 
         def op(c: sqlite3.Connection) -> AppendOutcome:
             row = c.execute(
