@@ -34,9 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL
 from agent_stores.errors import ConfigError
-from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
-from agent_stores.url import StoreURL
 
 KEY_ENV = "AZURE_COSMOS_KEY"
 CONNECTION_STRING_ENV = "AZURE_COSMOS_CONNECTION_STRING"

@@ -58,14 +58,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar, cast
 
-from agent_stores.errors import (
-    AppError,
-    BackendUnavailableError,
-    ConfigError,
-    ConflictError,
-    CorruptRecordError,
-)
-from agent_stores.kv.base import (
+from agent_stores.backend import (
     DEFAULT_DEADLINE_SECONDS,
     Clock,
     Entry,
@@ -73,10 +66,17 @@ from agent_stores.kv.base import (
     KVLimits,
     KVStore,
     ScanItem,
+    StoreURL,
     new_version,
     within_deadline,
 )
-from agent_stores.url import StoreURL
+from agent_stores.errors import (
+    AppError,
+    BackendUnavailableError,
+    ConfigError,
+    ConflictError,
+    CorruptRecordError,
+)
 
 from . import layout
 from .config import DEFAULT_RETRIES, CosmosSettings, check_prefix, parse_url
@@ -619,7 +619,7 @@ class CosmosKV(KVStore):
 
     async def _ready(self) -> ContainerProxy:
         """The container, opened and checked on first use (created only with auto_setup)."""
-        self._check_open()
+        self.check_open()
         if self._container is not None and self._verified:
             return self._container
         if self._ready_lock is None:
@@ -756,7 +756,7 @@ class CosmosKV(KVStore):
         """Create database and container if allowed (``create``, default true for a URL),
         then check the partition key, TTL and account. Idempotent; bounded by the deadline.
         """
-        self._check_open()
+        self.check_open()
         await within_deadline(self, self._setup())
 
     @_budgeted

@@ -20,9 +20,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL
 from agent_stores.errors import ConfigError
-from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
-from agent_stores.url import StoreURL
 
 from .ids import check_path_segment
 

@@ -49,15 +49,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from agent_stores.errors import (
-    BackendUnavailableError,
-    ConfigError,
-    ConflictError,
-    CorruptRecordError,
-    UnsupportedError,
-    ValueTooLargeError,
-)
-from agent_stores.kv.base import (
+from agent_stores.backend import (
     Check,
     Clock,
     Create,
@@ -69,10 +61,19 @@ from agent_stores.kv.base import (
     Operation,
     Replace,
     ScanItem,
+    StoreURL,
     prefix_upper_bound,
+    redact,
     within_deadline,
 )
-from agent_stores.url import StoreURL, redact
+from agent_stores.errors import (
+    BackendUnavailableError,
+    ConfigError,
+    ConflictError,
+    CorruptRecordError,
+    UnsupportedError,
+    ValueTooLargeError,
+)
 
 from .config import (
     CREDENTIALS_ENV,
@@ -356,11 +357,11 @@ class FirestoreKV(KVStore):
 
     async def _build(self) -> AsyncClient:
         assert self._settings is not None
-        self._check_open()
+        self.check_open()
         client = await _build_client(self._settings, self._interceptors)
         if self.closed:  # closed while the client was being built
             await client.aclose()
-            self._check_open()
+            self.check_open()
         self._attach(client)
         return client
 
@@ -453,7 +454,7 @@ class FirestoreKV(KVStore):
         Firestore needs no schema, so setup creates nothing; the read makes it a real round
         trip (``agent-stores check`` times it), bounded by the deadline like every call.
         """
-        self._check_open()
+        self.check_open()
 
         async def probe() -> None:
             await self._connect()
@@ -1076,7 +1077,7 @@ class FirestoreKV(KVStore):
 
         for i, (op, ref) in enumerate(zip(ops, refs, strict=True)):
             nonce = nonces[i]
-            expires_at = self._expires_at(op.ttl, now) if isinstance(op, Create | Replace) else None
+            expires_at = self.expires_at(op.ttl, now) if isinstance(op, Create | Replace) else None
             expiries.append(expires_at)
             if state is None:
                 expected = op.expected_version if not isinstance(op, Create) else None

@@ -14,12 +14,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from agent_stores.hookspecs import RegisterBackend, hookimpl
+from agent_stores.backend import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector
-    from agent_stores.kv.base import KVStore
-    from agent_stores.url import StoreURL
+    from agent_stores.backend import FaultInjector, KVStore, StoreURL
 
 FACTORY = "agent_stores_firestore.kv:FirestoreKV.from_url"
 
