@@ -21,9 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, MIN_VALUE_BYTES, StoreURL
 from agent_stores.errors import ConfigError
-from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS, MIN_VALUE_BYTES
-from agent_stores.url import StoreURL
 
 DEFAULT_SCHEMA = "public"
 DEFAULT_TABLE = "agent_stores"

@@ -54,15 +54,7 @@ from typing import Any, LiteralString, TypeVar
 
 import psycopg
 import psycopg.errors
-from agent_stores.errors import (
-    AppError,
-    BackendUnavailableError,
-    ConfigError,
-    ConflictError,
-    InvalidIdError,
-    ResourceClosedError,
-)
-from agent_stores.kv.base import (
+from agent_stores.backend import (
     Check,
     Clock,
     Create,
@@ -74,11 +66,19 @@ from agent_stores.kv.base import (
     Operation,
     Replace,
     ScanItem,
+    StoreURL,
     new_version,
     prefix_upper_bound,
     within_deadline,
 )
-from agent_stores.url import StoreURL
+from agent_stores.errors import (
+    AppError,
+    BackendUnavailableError,
+    ConfigError,
+    ConflictError,
+    InvalidIdError,
+    ResourceClosedError,
+)
 from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
@@ -469,7 +469,7 @@ class PostgresKV(KVStore):
         None when it cannot tell; otherwise :class:`BackendUnavailableError` (outcome
         unknown) is raised for the caller to resolve by reading.
         """
-        self._check_open()
+        self.check_open()
         return await within_deadline(self, self._native_write(action, fn, confirm))
 
     async def _native_write(
@@ -502,7 +502,7 @@ class PostgresKV(KVStore):
 
     async def setup(self) -> None:
         """Create or upgrade the schema now (idempotent, safe to run concurrently)."""
-        self._check_open()
+        self.check_open()
 
         async def run(conn: AsyncConnection[Any]) -> None:
             await _setup_schema(conn, schema=self.names.schema, table=self.names.table)
@@ -512,7 +512,7 @@ class PostgresKV(KVStore):
 
     async def schema_version(self) -> int:
         """The schema version in the database (0: not set up)."""
-        self._check_open()
+        self.check_open()
         return await within_deadline(
             self,
             self._idempotent(
@@ -522,7 +522,7 @@ class PostgresKV(KVStore):
 
     async def purge_expired(self) -> int:
         """Delete every expired entry, in batches of :data:`PURGE_BATCH`; returns how many."""
-        self._check_open()
+        self.check_open()
         total = 0
         while True:
             removed = await self._purge_batch(self.clock())
@@ -771,7 +771,7 @@ class PostgresKV(KVStore):
                             op.key,
                             bytes(op.value),
                             versions[i],
-                            self._expires_at(op.ttl, now),
+                            self.expires_at(op.ttl, now),
                             now,
                         ),
                     )
@@ -781,7 +781,7 @@ class PostgresKV(KVStore):
                         (
                             bytes(op.value),
                             versions[i],
-                            self._expires_at(op.ttl, now),
+                            self.expires_at(op.ttl, now),
                             scope,
                             op.key,
                             op.expected_version,

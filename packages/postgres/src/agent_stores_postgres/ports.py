@@ -24,10 +24,15 @@ from __future__ import annotations
 from typing import Any, LiteralString
 
 import psycopg
-from agent_stores.checkpointer.port import AppendOutcome, AppendRequest
+from agent_stores.backend import (
+    MARKER_VALUE,
+    AppendOutcome,
+    AppendRequest,
+    Entry,
+    FileWrite,
+    new_version,
+)
 from agent_stores.errors import ConflictError
-from agent_stores.kv.base import Entry, new_version
-from agent_stores.memory.port import MARKER_VALUE, FileWrite
 from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
@@ -182,17 +187,17 @@ class PostgresMemoryPort:
     async def write(self, write: FileWrite) -> str:
         """Record, receipt index entry and markers in one statement (one commit)."""
         kv = self.kv
-        kv._check_open()
+        kv.check_open()
         # The generic port's order: markers, record, index (each a KV create/replace).
         markers = write.markers
         for scope, key in markers:
-            kv._check_ids(scope, key)
-        kv._check_ids(write.scope, write.key)
-        kv._check_value(write.scope, write.key, write.value)
+            kv.check_ids(scope, key)
+        kv.check_ids(write.scope, write.key)
+        kv.check_value(write.scope, write.key, write.value)
         index = write.index
         if index is not None:
-            kv._check_ids(index.scope, index.key)
-            kv._check_value(index.scope, index.key, index.value)
+            kv.check_ids(index.scope, index.key)
+            kv.check_value(index.scope, index.key, index.value)
         now = kv.clock()
         version = new_version()
         params: dict[str, Any] = {
@@ -200,7 +205,7 @@ class PostgresMemoryPort:
             "key": write.key,
             "value": write.value,
             "version": version,
-            "expires_at": kv._expires_at(write.ttl, now),
+            "expires_at": kv.expires_at(write.ttl, now),
             "now": now,
         }
         if write.expected_version is not None:
@@ -210,7 +215,7 @@ class PostgresMemoryPort:
             params["ikey"] = index.key
             params["ivalue"] = index.value
             params["iversion"] = new_version()
-            params["iexpires_at"] = kv._expires_at(index.ttl, now)
+            params["iexpires_at"] = kv.expires_at(index.ttl, now)
         if markers:
             params["marker"] = MARKER_VALUE
             params["mscopes"] = [m[0] for m in markers]
@@ -258,12 +263,12 @@ class PostgresJournalPort:
     async def append(self, request: AppendRequest) -> AppendOutcome:
         """Counter and entry in one statement (one commit)."""
         kv = self.kv
-        kv._check_open()
+        kv.check_open()
         # What the core's two-step append checks: the counter's CAS, then the entry's create.
-        kv._check_ids(request.scope, request.head_key)
-        kv._check_value(request.scope, request.head_key, request.head_value)
-        kv._check_ids(request.scope, request.key)
-        kv._check_value(request.scope, request.key, request.value)
+        kv.check_ids(request.scope, request.head_key)
+        kv.check_value(request.scope, request.head_key, request.head_value)
+        kv.check_ids(request.scope, request.key)
+        kv.check_value(request.scope, request.key, request.value)
         now = kv.clock()
         version = new_version()
         head_version = new_version()
@@ -275,7 +280,7 @@ class PostgresJournalPort:
             "hkey": request.head_key,
             "hvalue": request.head_value,
             "hversion_new": head_version,
-            "expires_at": kv._expires_at(request.ttl, now),
+            "expires_at": kv.expires_at(request.ttl, now),
             "now": now,
         }
         if request.head_version is not None:

@@ -35,15 +35,19 @@ from typing import Any, LiteralString
 import psycopg
 import psycopg.errors
 from agent_stores.backend import (
+    FORMAT,
     GENERIC,
+    HEADER_START,
+    KEPT_FIELDS,
+    STATE_KEY,
+    WAITER_KEY,
     AcquireReply,
     AcquireRequest,
     SaveRequest,
+    acquired_header,
+    new_version,
 )
 from agent_stores.errors import ConfigError, ConflictError
-from agent_stores.kv.base import new_version
-from agent_stores.sessions.port import HEADER_START, KEPT_FIELDS, acquired_header
-from agent_stores.sessions.records import FORMAT, STATE_KEY, WAITER_KEY
 from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
@@ -237,12 +241,12 @@ class PostgresSessionPort:
         """One statement: decide, take the lease (or create the session), return the
         state and the parts of the chunks not held."""
         kv = self.kv
-        kv._check_open()
+        kv.check_open()
         # The KV reads and writes the generic acquire makes: state and hint, then the state.
-        kv._check_ids(request.scope, STATE_KEY)
-        kv._check_ids(request.scope, WAITER_KEY)
+        kv.check_ids(request.scope, STATE_KEY)
+        kv.check_ids(request.scope, WAITER_KEY)
         now = request.now
-        expires_at = kv._expires_at(request.ttl_seconds, now)
+        expires_at = kv.expires_at(request.ttl_seconds, now)
         fresh = request.fresh_state()
         if len(fresh) > kv.limits.max_value_bytes:
             return GENERIC  # the generic create refuses it (an owner id of many kilobytes)
@@ -304,7 +308,7 @@ class PostgresSessionPort:
     async def save(self, request: SaveRequest) -> str:
         """The chunk parts and the fenced state swap in one statement (one commit)."""
         kv = self.kv
-        kv._check_open()
+        kv.check_open()
         keys: list[str] = []
         values: list[bytes] = []
         expiries: list[float | None] = []
@@ -312,16 +316,16 @@ class PostgresSessionPort:
         for chunk in request.chunks:
             for i, part in enumerate(chunk.parts):
                 key = f"{chunk.key}/{i}"
-                kv._check_ids(request.scope, key)
-                kv._check_value(request.scope, key, part)
+                kv.check_ids(request.scope, key)
+                kv.check_value(request.scope, key, part)
                 keys.append(key)
                 values.append(bytes(part))
                 expiries.append(chunk.expires_at)
-        kv._check_ids(request.scope, STATE_KEY)
-        kv._check_value(request.scope, STATE_KEY, request.state)
+        kv.check_ids(request.scope, STATE_KEY)
+        kv.check_value(request.scope, STATE_KEY, request.state)
         now = kv.clock()
         if keys:
-            kv._expires_at(request.chunk_ttl_seconds, now)  # the generic creates' TTL check
+            kv.expires_at(request.chunk_ttl_seconds, now)  # the generic creates' TTL check
         version = new_version()
         params: dict[str, Any] = {
             "scope": request.scope,
@@ -329,7 +333,7 @@ class PostgresSessionPort:
             "value": request.state,
             "version": version,
             "expected": request.expected_version,
-            "expires_at": kv._expires_at(request.ttl_seconds, now),
+            "expires_at": kv.expires_at(request.ttl_seconds, now),
             "now": now,
             "keys": keys,
             "values": values,
