@@ -32,9 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, MASK, StoreURL
 from agent_stores.errors import ConfigError
-from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
-from agent_stores.url import MASK, StoreURL
 
 SCHEME = "dynamodb"
 DEFAULT_PREFIX = "agent-stores"

@@ -53,16 +53,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from agent_stores.errors import (
-    AppError,
-    BackendUnavailableError,
-    ConfigError,
-    ConflictError,
-    CorruptRecordError,
-    InvalidIdError,
-    ValueTooLargeError,
-)
-from agent_stores.kv.base import (
+from agent_stores.backend import (
     Clock,
     Create,
     Delete,
@@ -73,10 +64,19 @@ from agent_stores.kv.base import (
     Operation,
     Replace,
     ScanItem,
+    StoreURL,
     new_version,
     within_deadline,
 )
-from agent_stores.url import StoreURL
+from agent_stores.errors import (
+    AppError,
+    BackendUnavailableError,
+    ConfigError,
+    ConflictError,
+    CorruptRecordError,
+    InvalidIdError,
+    ValueTooLargeError,
+)
 
 from .config import (
     DEFAULT_PREFIX,
@@ -516,7 +516,7 @@ class DynamoDBKV(KVStore):
 
     async def setup(self) -> None:
         """Create the table (on-demand billing) and enable TTL on ``ttl``. Idempotent."""
-        self._check_open()
+        self.check_open()
         try:
             description = (await self._call("describe_table", TableName=self.table))["Table"]
         except TableMissingError:
@@ -956,7 +956,7 @@ class DynamoDBKV(KVStore):
                 "Put": {
                     **base,
                     "Item": self._item(
-                        scope, op.key, op.value, version, self._expires_at(op.ttl, now)
+                        scope, op.key, op.value, version, self.expires_at(op.ttl, now)
                     ),
                     "ConditionExpression": _ABSENT_OR_EXPIRED,
                     "ExpressionAttributeNames": {"#s": A_SCOPE, "#exp": A_EXPIRES},
@@ -970,7 +970,7 @@ class DynamoDBKV(KVStore):
                 "Put": {
                     **base,
                     "Item": self._item(
-                        scope, op.key, op.value, version, self._expires_at(op.ttl, now)
+                        scope, op.key, op.value, version, self.expires_at(op.ttl, now)
                     ),
                     "ConditionExpression": _AT_VERSION,
                     "ExpressionAttributeNames": {"#ver": A_VERSION, "#exp": A_EXPIRES},

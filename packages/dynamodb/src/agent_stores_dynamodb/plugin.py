@@ -15,13 +15,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, cast
 
-from agent_stores.hookspecs import RegisterBackend, hookimpl
-from agent_stores.kv.base import KVStore
-from agent_stores.url import StoreURL
+from agent_stores.backend import KVStore, RegisterBackend, StoreURL, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector
-    from agent_stores.sessions.port import SessionPort
+    from agent_stores.backend import FaultInjector, SessionPort
 
     from .kv import DynamoDBKV
 
@@ -80,7 +77,7 @@ def session_store(url: StoreURL | None, kv: KVStore, options: dict[str, Any]) ->
     dynamodb_kv = _dynamodb(kv)
     if dynamodb_kv is None:
         return None
-    from agent_stores.sessions import SessionStore
+    from agent_stores.backend import SessionStore
 
     from .sessions import HANDOVER_COURTESY_SECONDS
 

@@ -29,16 +29,22 @@ from collections import OrderedDict
 
 from agent_stores.backend import (
     GENERIC,
+    STATE_KEY,
+    WAITER_KEY,
     AcquireReply,
     AcquireRequest,
+    Check,
+    Create,
     KVSessionPort,
+    Operation,
+    RecordError,
+    Replace,
     SaveRequest,
     acquired_state,
+    decode_state,
     within_deadline,
 )
 from agent_stores.errors import ConflictError, ValueTooLargeError
-from agent_stores.kv.base import Check, Create, Operation, Replace
-from agent_stores.sessions.records import STATE_KEY, WAITER_KEY, RecordError, decode_state
 
 from .kv import TRANSACTION_MAX_ITEMS, DynamoDBKV
 

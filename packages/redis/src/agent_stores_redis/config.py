@@ -23,9 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL
 from agent_stores.errors import ConfigError
-from agent_stores.kv.base import DEFAULT_DEADLINE_SECONDS
-from agent_stores.url import StoreURL
 
 DEFAULT_PREFIX = "agent-stores"
 DEFAULT_PORT = 6379

@@ -32,8 +32,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from agent_stores.errors import BackendUnavailableError, ConfigError, ConflictError
-from agent_stores.kv.base import (
+from agent_stores.backend import (
     DEFAULT_DEADLINE_SECONDS,
     Check,
     Clock,
@@ -46,10 +45,13 @@ from agent_stores.kv.base import (
     Operation,
     Replace,
     ScanItem,
+    StoreURL,
+    check_options,
     new_version,
+    redact,
     within_deadline,
 )
-from agent_stores.url import StoreURL, check_options, redact
+from agent_stores.errors import BackendUnavailableError, ConfigError, ConflictError
 
 from . import lua
 from .config import (
@@ -461,7 +463,7 @@ class RedisKV(KVStore):
         """Run one of this package's scripts (by SHA, re-sent on NOSCRIPT), transient
         failures retried; for scripts that may safely run twice (a session acquire does:
         the retry finds its own lease)."""
-        self._check_open()
+        self.check_open()
         result, _ = await within_deadline(self, self._eval(script, keys, args))
         return result
 
@@ -481,7 +483,7 @@ class RedisKV(KVStore):
 
     async def setup(self) -> None:
         """Check the connection and load every script (on every primary of a cluster)."""
-        self._check_open()
+        self.check_open()
         await within_deadline(self, self._load_scripts())
 
     async def _load_scripts(self) -> None:
@@ -502,7 +504,7 @@ class RedisKV(KVStore):
         session, memory file or journal entry under memory pressure; ``volatile-*`` may
         delete entries that have a TTL before it passes.
         """
-        self._check_open()
+        self.check_open()
         return await within_deadline(self, self._health_warnings())
 
     async def _health_warnings(self) -> list[str]:
@@ -731,7 +733,7 @@ class RedisKV(KVStore):
             member = op.key.encode()
             if isinstance(op, Create | Replace):
                 version = new_version()
-                expires_at = self._expires_at(op.ttl, now)
+                expires_at = self.expires_at(op.ttl, now)
                 expected = op.expected_version if isinstance(op, Replace) else ""
                 args += [
                     "c" if isinstance(op, Create) else "r",

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent_stores.backend import MARKER_VALUE, Entry, FileWrite, KVMemoryPort, new_version
 from agent_stores.errors import ConflictError
-from agent_stores.kv.base import Entry, new_version
-from agent_stores.memory.port import MARKER_VALUE, FileWrite, KVMemoryPort
 
 from . import lua
 from .kv import RedisKV
@@ -87,7 +86,7 @@ class RedisMemoryPort:
         kv = self.kv
         layout = kv.layout
         now = kv.clock()
-        kv._check_value(write.scope, write.key, write.value)
+        kv.check_value(write.scope, write.key, write.value)
         version = new_version()
         expires_at = None if write.ttl is None else now + write.ttl
         keys: list[bytes] = [layout.entry(write.scope, write.key), layout.index(write.scope)]
@@ -102,7 +101,7 @@ class RedisMemoryPort:
         ]
         index = write.index
         if index is not None:
-            kv._check_value(index.scope, index.key, index.value)
+            kv.check_value(index.scope, index.key, index.value)
             index_expiry = None if index.ttl is None else now + index.ttl
             keys += [layout.entry(index.scope, index.key), layout.index(index.scope)]
             args += [

@@ -15,14 +15,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, cast
 
-from agent_stores.hookspecs import RegisterBackend, hookimpl
-from agent_stores.kv.base import KVStore
+from agent_stores.backend import KVStore, RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector
-    from agent_stores.memory.port import MemoryPort
-    from agent_stores.sessions.port import SessionPort
-    from agent_stores.url import StoreURL
+    from agent_stores.backend import FaultInjector, MemoryPort, SessionPort, StoreURL
 
     from .kv import RedisKV
 

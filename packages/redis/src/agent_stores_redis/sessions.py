@@ -28,13 +28,17 @@ from typing import Any
 
 from agent_stores.backend import (
     GENERIC,
+    STATE_KEY,
+    WAITER_KEY,
     AcquireReply,
     AcquireRequest,
+    Create,
+    Operation,
+    Replace,
     SaveRequest,
     acquired_state,
+    new_version,
 )
-from agent_stores.kv.base import Create, Operation, Replace, new_version
-from agent_stores.sessions.records import STATE_KEY, WAITER_KEY
 
 from . import lua
 from .kv import RedisKV
