@@ -54,7 +54,12 @@ from agent_stores.checkpointer.port import (
     JournalPort,
     KVJournalPort,
 )
-from agent_stores.errors import ConflictError, InvalidIdError, ValueTooLargeError
+from agent_stores.errors import (
+    ConflictError,
+    InvalidIdError,
+    ResourceClosedError,
+    ValueTooLargeError,
+)
 from agent_stores.memory import KVMemoryStore
 from agent_stores.memory.port import MARKER_VALUE, FileWrite, IndexWrite, KVMemoryPort, MemoryPort
 from agent_stores.sessions import EffectCall, InvalidSessionError, LeaseLostError, SessionStore
@@ -1261,6 +1266,140 @@ class PortContract(ContractBase):
         return KVMemoryStore(
             client.kv, scope_prefix=f"{ns}:ms:", port=client.ports.memory, **options
         )
+
+    @rule("public-checks")
+    async def test_port_methods_refuse_what_the_kv_api_refuses(
+        self, open_client: ClientFactory, names: _Seq, ns: str
+    ) -> None:
+        """Every port method refuses an invalid scope or key (empty, with a NUL, longer than the KV's limit, a lone surrogate) with the KV's InvalidIdError, as kv.create does for the same id, and a journal counter over max_value_bytes with its ValueTooLargeError; nothing is written (on a port that is not atomic, nothing before the refused id). An acquire may answer GENERIC instead of raising (the core's KV calls then refuse the scope); one whose new state (a longer owner in the lease) would exceed max_value_bytes answers GENERIC or raises ValueTooLargeError, and the stored state stays as it was."""
+        client = await open_client(max_value_bytes=1024)
+        kv, ports = client.kv, client.ports
+        t = client.clock.now
+        limit = kv.limits.max_value_bytes
+        longest = max(kv.limits.max_scope_chars, kv.limits.max_key_chars)
+        scope = names("checks")
+        runs = names("checks-run")
+        directory, parent, ops = self._memory_scopes(ns)
+        value = state_value(t, fence=2, released=("store-a", t))
+        version = await put_state(client, scope, value, ttl=100)
+        invalid = ("", "a\x00b", "k" * (longest + 1), "bad\ud800")
+        for n, bad in enumerate(invalid):
+            for bad_scope, bad_key in ((bad, "k"), ("s", bad)):
+                with pytest.raises(InvalidIdError):  # the reference: the KV API refuses it
+                    await kv.create(bad_scope, bad_key, b"v")
+            with edge("invalid id"):
+                try:
+                    reply = await ports.sessions.acquire(acquire_request(bad, t))
+                except InvalidIdError:
+                    pass
+                else:
+                    assert reply.outcome == "generic", (
+                        f"acquire in the invalid scope {bad[:20]!r} answered {reply.outcome}"
+                    )
+                with pytest.raises(InvalidIdError):
+                    await ports.sessions.save(SaveRequest(bad, value, version, 100, None, []))
+                if bad:  # an empty chunk id still makes a valid part key (h//0)
+                    chunk = ChunkWrite(f"h/{bad}", [b"[]"], t + 200)
+                    with pytest.raises(InvalidIdError):
+                        await ports.sessions.save(
+                            SaveRequest(scope, value, version, 100, 200, [chunk])
+                        )
+                with pytest.raises(InvalidIdError):
+                    await ports.memory.read(bad, "f.md")
+                for write in (
+                    file_write(bad, "f.md", b"f"),
+                    file_write(directory, bad, b"f"),
+                    file_write(directory, f"m{n}.md", b"f", markers=[(parent, bad)]),
+                    file_write(directory, f"i{n}.md", b"f", index=IndexWrite(ops, bad, b"r", 30)),
+                ):
+                    with pytest.raises(InvalidIdError):
+                        await ports.memory.write(write)
+                if ports.journal.atomic:
+                    for request in (
+                        AppendRequest(bad, "head/j", b'{"next":1}', None, "j/a", b"a", None),
+                        AppendRequest(runs, bad, b'{"next":1}', None, "j/a", b"a", None),
+                        AppendRequest(runs, "head/j", b'{"next":1}', None, bad, b"a", None),
+                    ):
+                        with pytest.raises(InvalidIdError):
+                            await ports.journal.append(request)
+        assert await stored(kv, scope) == (value, version), "a refused save changed the state"
+        assert [item.key for item in await kv.scan(scope)] == [STATE_KEY], "a part was stored"
+        written = {item.key for item in await kv.scan(directory)}
+        assert not written & {"f.md", *(f"m{n}.md" for n in range(len(invalid)))}
+        if ports.memory.atomic:
+            assert not written, f"an atomic write stored {sorted(written)} and then refused an id"
+        if ports.journal.atomic:
+            with edge("counter over the limit"), pytest.raises(ValueTooLargeError):
+                await ports.journal.append(
+                    AppendRequest(runs, "head/j", b"9" * (limit + 1), None, "j/a", b"a", None)
+                )
+            assert await kv.scan(runs) == [], "a refused append wrote something"
+        # A stored state exactly at the limit, which the lease of a long owner id would grow.
+        full_scope = names("full")
+        header = StateHeader(
+            lease=None,
+            fence=2,
+            chunks=(),
+            tail_count=1,
+            recovery=(),
+            recovery_since=None,
+            created_at=t,
+            updated_at=t,
+            released_by="store-a",
+            released_at=t,
+        )
+        pad = limit - len(encode_state(header, b'[""]'))
+        full = encode_state(header, b'["' + b"t" * pad + b'"]')
+        assert len(full) == limit
+        full_version = await client.kv.create(full_scope, STATE_KEY, full, ttl=100)
+        with edge("state would grow over the limit"):
+            try:
+                reply = await ports.sessions.acquire(
+                    acquire_request(full_scope, t, owner="o" * 100)
+                )
+            except ValueTooLargeError:
+                pass
+            else:
+                assert reply.outcome == "generic", (
+                    f"an acquire whose new state exceeds max_value_bytes answered {reply.outcome}"
+                )
+        assert await stored(kv, full_scope) == (full, full_version)
+
+    @rule("public-checks")
+    async def test_port_methods_on_a_closed_client_raise_resource_closed(
+        self, open_client: ClientFactory, names: _Seq, ns: str
+    ) -> None:
+        """On a closed client every port method raises ResourceClosedError, as the KV API does, even when the call is also invalid (an oversized value, an empty id): the KV API checks the store first. An acquire may answer GENERIC instead (the core's first KV call then raises it)."""
+        first = await open_client()
+        client = await open_client()
+        t = client.clock.now
+        big = b"x" * (client.kv.limits.max_value_bytes + 1)
+        scope = names("closed")
+        directory, _, _ = self._memory_scopes(ns)
+        version = await put_state(first, scope, state_value(t, fence=2), ttl=100)
+        await client.kv.aclose()
+        ports = client.ports
+        with pytest.raises(ResourceClosedError):  # the reference
+            await client.kv.create("", "k", big)
+        with edge("closed client"):
+            for bad_scope in (scope, ""):
+                try:
+                    reply = await ports.sessions.acquire(acquire_request(bad_scope, t))
+                except ResourceClosedError:
+                    pass
+                else:
+                    assert reply.outcome == "generic", f"a closed client answered {reply.outcome}"
+            with pytest.raises(ResourceClosedError):
+                await ports.sessions.save(SaveRequest(scope, big, version, 100, None, []))
+            with pytest.raises(ResourceClosedError):
+                await ports.memory.read("", "f.md")
+            with pytest.raises(ResourceClosedError):
+                await ports.memory.write(file_write(directory, "f.md", big))
+            if ports.journal.atomic:
+                with pytest.raises(ResourceClosedError):
+                    await ports.journal.append(
+                        AppendRequest(f"{ns}/run/closed", "head/j", b"{}", None, "j/a", big, None)
+                    )
 
     @rule("many-parts")
     async def test_memory_files_of_many_chunks_read_back_in_order(

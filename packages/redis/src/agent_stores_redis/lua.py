@@ -219,7 +219,8 @@ _SESSION_ACQUIRE = """
 -- KEYS: index, state entry, waiter entry.
 -- ARGV: now, owner, owner as JSON, lease end, store id, courtesy seconds, refresh horizon
 --   ('' = none), load ('1'/'0'), new version, exp, gc_ms, entry prefix, known version,
---   then the chunk keys the client holds.
+--   the store's max value bytes, then the chunk keys the client holds.
+-- A new state over the max value bytes is never written: 'generic' (the core refuses it).
 -- Returns {'acquired', state ('' when it is the known version's, rewritten), part key,
 -- part bytes, ...} | {'busy', lease expiry, holder, hinted '1'/'0'} | {'courtesy', seconds}
 -- | {'generic'} (the client runs the generic algorithm).
@@ -238,6 +239,7 @@ if w[2] and not expired(w[3], now) then waiter = w[1] end
 if (not cur[2]) or expired(cur[3], now) then
   local fresh = header(1) .. ',"chunks":[],"tail_count":0,"recovery":null,"created_at":' ..
     ARGV[1] .. '}\\n[]'
+  if #fresh > tonumber(ARGV[14]) then return {'generic'} end
   put(KEYS[2], KEYS[1], 'state', fresh, ARGV[9], ARGV[10], ARGV[11])
   return {'acquired', fresh}
 end
@@ -280,6 +282,7 @@ if ARGV[7] ~= '' then
   end
 end
 local state = header(h['fence'] + 1) .. string.sub(value, kept)
+if #state > tonumber(ARGV[14]) then return {'generic'} end
 put(KEYS[2], KEYS[1], 'state', state, ARGV[9], ARGV[10], ARGV[11])
 if waiter and waiter == ARGV[5] then
   redis.call('DEL', KEYS[3])
@@ -289,7 +292,7 @@ local out = {'acquired', state}
 if cur[2] == ARGV[13] then out[2] = '' end
 if ARGV[8] == '1' then
   local held = {}
-  for i = 14, #ARGV do held[ARGV[i]] = true end
+  for i = 15, #ARGV do held[ARGV[i]] = true end
   for i = 1, #chunks do
     local key = chunks[i][1]
     if type(key) ~= 'string' or type(chunks[i][4]) ~= 'number' then return {'generic'} end

@@ -86,9 +86,16 @@ class RedisMemoryPort:
         kv = self.kv
         layout = kv.layout
         now = kv.clock()
+        # The public API's checks, in its order (closed, ids, sizes), before the script.
+        kv.check_open()
+        kv.check_ids(write.scope, write.key)
+        for scope, key in write.markers:
+            kv.check_ids(scope, key)
+        if write.index is not None:
+            kv.check_ids(write.index.scope, write.index.key)
         kv.check_value(write.scope, write.key, write.value)
         version = new_version()
-        expires_at = None if write.ttl is None else now + write.ttl
+        expires_at = kv.expires_at(write.ttl, now)
         keys: list[bytes] = [layout.entry(write.scope, write.key), layout.index(write.scope)]
         args: list[Any] = [
             repr(now),
@@ -102,7 +109,7 @@ class RedisMemoryPort:
         index = write.index
         if index is not None:
             kv.check_value(index.scope, index.key, index.value)
-            index_expiry = None if index.ttl is None else now + index.ttl
+            index_expiry = kv.expires_at(index.ttl, now)
             keys += [layout.entry(index.scope, index.key), layout.index(index.scope)]
             args += [
                 "1",

@@ -68,9 +68,13 @@ class RedisSessionPort:
         kv = self.kv
         scope = request.scope
         now = request.now
+        # The public API's checks, before the script: a closed client, an invalid scope (on
+        # a cluster it would not even hash to one slot) or a bad TTL never reach Redis.
+        kv.check_open()
+        kv.check_ids(scope, STATE_KEY)
+        expires_at = kv.expires_at(request.ttl_seconds, now)
         known = self._known.get(scope)
         version = new_version()
-        expires_at = None if request.ttl_seconds is None else now + request.ttl_seconds
         owner_json = json.dumps(request.owner)
         args: list[Any] = [
             repr(float(request.now)),
@@ -86,6 +90,7 @@ class RedisSessionPort:
             kv.gc_milliseconds(expires_at, now),
             kv.layout.entry_prefix(scope),
             known[0] if known is not None else "",
+            str(kv.limits.max_value_bytes),
             *sorted(request.held_chunks),
         ]
         keys = [
