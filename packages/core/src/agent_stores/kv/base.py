@@ -453,13 +453,6 @@ class KVStore(AsyncCloseable, ABC):
                 limit=self.limits.max_value_bytes,
             )
 
-    # The names these checks had before they were public, for backends not yet moved.
-    _expires_at = expires_at
-    _check_open = check_open
-    _check_scope = check_scope
-    _check_ids = check_ids
-    _check_value = check_value
-
     # -- primitives a backend implements ------------------------------------------------
 
     async def _aclose(self) -> None:
