@@ -1,8 +1,11 @@
 """The native port of the memory store: writing a file record with its receipt, and reading it.
 
-A memory write is one conditional write of the file's record (which carries the
-operation's receipt), the global receipt index entry that ``get_operation`` reads, and,
-for a file in a new directory, the directory markers that make it listable. The generic
+A memory write is one conditional write of the file's record (on the generic port it
+carries the operation's receipt too; on an atomic port the receipt lives only in the index
+entry, which commits with the record), the global receipt index entry that
+``get_operation`` reads, and, for a file in a new directory, the directory markers that
+make it listable. "Atomic" means all of them — three kinds of scope — commit together or
+not at all. The generic
 :class:`KVMemoryPort` does these with KV primitives in that order (markers, record CAS,
 index); a backend with transactions implements :class:`MemoryPort` with
 ``atomic = True`` and does all of them in one transaction (one commit), and returns it
