@@ -163,6 +163,12 @@ def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
     head, sep, tail = bytes(value).partition(b"\n")
     if not sep:
         raise RecordError("the state record has no header line")
+    header = _decode_header(head)
+    _check_tail(header, tail)
+    return header, tail
+
+
+def _decode_header(head: bytes) -> StateHeader:
     try:
         doc = json.loads(head)
     except ValueError as exc:
@@ -170,29 +176,12 @@ def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise RecordError(f"the state header is not a {FORMAT} record")
     try:
-        lease_doc = doc["lease"]
-        lease = (
-            None
-            if lease_doc is None
-            else Lease(
-                owner=_str(lease_doc["owner"]),
-                fence=_int(lease_doc["fence"]),
-                expires_at=_num(lease_doc["expires_at"]),
-                acquired_at=_num(lease_doc["acquired_at"]),
-            )
-        )
+        # Read in this order so a malformed record names the same field it always did.
+        lease = _lease(doc["lease"])
         chunks = tuple(_chunk(item) for item in _list(doc["chunks"]))
-        recovery_doc = doc["recovery"]
-        recovery: tuple[EffectCall, ...] = ()
-        since = None
-        if recovery_doc is not None:
-            recovery = tuple(
-                EffectCall(_str(name), _str(call_id))
-                for name, call_id in (_pair(c) for c in _list(recovery_doc["calls"]))
-            )
-            since = _opt_num(recovery_doc.get("since"))
+        recovery, since = _recovery(doc["recovery"])
         released = doc.get("released")
-        header = StateHeader(
+        return StateHeader(
             lease=lease,
             fence=_int(doc["fence"]),
             chunks=chunks,
@@ -207,13 +196,37 @@ def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"the state header is malformed ({type(exc).__name__}: {exc})") from None
+
+
+def _lease(doc: Any) -> Lease | None:
+    if doc is None:
+        return None
+    return Lease(
+        owner=_str(doc["owner"]),
+        fence=_int(doc["fence"]),
+        expires_at=_num(doc["expires_at"]),
+        acquired_at=_num(doc["acquired_at"]),
+    )
+
+
+def _recovery(doc: Any) -> tuple[tuple[EffectCall, ...], float | None]:
+    if doc is None:
+        return (), None
+    calls = tuple(
+        EffectCall(_str(name), _str(call_id))
+        for name, call_id in (_pair(c) for c in _list(doc["calls"]))
+    )
+    return calls, _opt_num(doc.get("since"))
+
+
+def _check_tail(header: StateHeader, tail: bytes) -> None:
+    """The inline tail and the chunk references agree with what the header says."""
     if not tail.startswith(b"[") or not tail.endswith(b"]"):
         raise RecordError("the inline tail is not a JSON array")
-    if any(c.count < 1 or c.size < 2 or c.parts < 1 for c in chunks):
+    if any(c.count < 1 or c.size < 2 or c.parts < 1 for c in header.chunks):
         raise RecordError("a chunk reference has impossible sizes")
     if header.tail_count < 0 or (header.tail_count == 0) != (tail == EMPTY_ARRAY):
         raise RecordError("the inline tail does not match its message count")
-    return header, tail
 
 
 def _chunk(item: Any) -> ChunkRef:
