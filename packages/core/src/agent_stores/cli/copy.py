@@ -103,15 +103,9 @@ async def copy(
     src_conn = connect(src)
     dst_conn = connect(dst)
     try:
-        src_sessions = None
-        if "sessions" in kinds:
-            try:
-                src_sessions = src_conn.sessions(scope_prefix=sessions_prefix)
-            except ImportError:
-                console.print(
-                    "[yellow]sessions are copied without lease checks: the session store "
-                    "needs agent-stores[harness][/]"
-                )
+        src_sessions = (
+            _source_sessions(src_conn, sessions_prefix, console) if "sessions" in kinds else None
+        )
         if not dry_run:
             await dst_conn.kv.setup()
         bars = _Bars(console, enabled=not quiet and not as_json)
@@ -146,37 +140,65 @@ async def copy(
         await src_conn.aclose()
         await dst_conn.aclose()
     if as_json:
-        doc: dict[str, Any] = {
-            "source": StoreURL.parse(src).render(),
-            "destination": StoreURL.parse(dst).render(),
-            "dry_run": dry_run,
-            "seconds": round(report.seconds, 3),
-            "kinds": summary_rows(report),
-            "busy": {k: s.busy for k, s in report.kinds.items() if s.busy},
-            "failed": {k: s.failed for k, s in report.kinds.items() if s.failed},
-            "too_large": {
-                k: [t.as_dict() for t in s.too_large]
-                for k, s in report.kinds.items()
-                if s.too_large
-            },
-        }
-        if checked is not None:
-            doc["verify"] = {
-                "kinds": summary_rows(checked),
-                "mismatches": {k: s.mismatches for k, s in checked.kinds.items() if s.mismatches},
-                "ok": checked.ok,
-            }
-        out.print_json(redact(json.dumps(doc)))
+        out.print_json(redact(json.dumps(_summary_doc(src, dst, dry_run, report, checked))))
     else:
-        title = "dry run (nothing written)" if dry_run else f"copied in {report.seconds:.1f}s"
-        _table(out, title, report, _COLUMNS)
-        _problems(out, report, redact)
-        if checked is not None:
-            verdict = "equal" if checked.ok else "DIFFERENT"
-            _table(out, f"verify: {verdict}", checked, _VERIFY_COLUMNS)
-            _problems(out, checked, redact)
+        _print_summary(out, redact, dry_run, report, checked)
     if not report.ok or (checked is not None and not checked.ok):
         raise SystemExit(1)
+
+
+def _source_sessions(conn: Any, prefix: str, console: Console) -> Any:
+    """The source's session store (lease checks while copying), or None without the harness."""
+    try:
+        return conn.sessions(scope_prefix=prefix)
+    except ImportError:
+        console.print(
+            "[yellow]sessions are copied without lease checks: the session store "
+            "needs agent-stores[harness][/]"
+        )
+        return None
+
+
+def _summary_doc(
+    src: str, dst: str, dry_run: bool, report: TransferReport, checked: TransferReport | None
+) -> dict[str, Any]:
+    """The ``--json`` summary."""
+    doc: dict[str, Any] = {
+        "source": StoreURL.parse(src).render(),
+        "destination": StoreURL.parse(dst).render(),
+        "dry_run": dry_run,
+        "seconds": round(report.seconds, 3),
+        "kinds": summary_rows(report),
+        "busy": {k: s.busy for k, s in report.kinds.items() if s.busy},
+        "failed": {k: s.failed for k, s in report.kinds.items() if s.failed},
+        "too_large": {
+            k: [t.as_dict() for t in s.too_large] for k, s in report.kinds.items() if s.too_large
+        },
+    }
+    if checked is not None:
+        doc["verify"] = {
+            "kinds": summary_rows(checked),
+            "mismatches": {k: s.mismatches for k, s in checked.kinds.items() if s.mismatches},
+            "ok": checked.ok,
+        }
+    return doc
+
+
+def _print_summary(
+    out: Console,
+    redact: Redactor,
+    dry_run: bool,
+    report: TransferReport,
+    checked: TransferReport | None,
+) -> None:
+    """The tables printed without ``--json``."""
+    title = "dry run (nothing written)" if dry_run else f"copied in {report.seconds:.1f}s"
+    _table(out, title, report, _COLUMNS)
+    _problems(out, report, redact)
+    if checked is not None:
+        verdict = "equal" if checked.ok else "DIFFERENT"
+        _table(out, f"verify: {verdict}", checked, _VERIFY_COLUMNS)
+        _problems(out, checked, redact)
 
 
 class _Bars:
