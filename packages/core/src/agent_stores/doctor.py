@@ -167,30 +167,23 @@ async def _check_session(kv: KVStore, scope: str) -> list[Finding]:
 async def _check_memory(kv: KVStore, scope: str, prefix: str) -> list[Finding]:
     entries = await _entries(kv, scope)
     if scope.startswith(f"{prefix}~ops/"):
-        found = []
-        for key, entry in entries:
-            try:
-                IndexEntry.load(entry.value, where=repr(f"{scope}/{key}"))
-            except CorruptRecordError as exc:
-                found.append(
-                    Finding(
-                        "memory",
-                        "undecodable",
-                        scope,
-                        key,
-                        exc.detail,
-                        "quarantine the index entry (the file record keeps the receipt)",
-                    )
-                )
-        return found
+        return _check_receipt_index(scope, entries)
     by_key = dict(entries)
     found = []
     for key, entry in entries:
         if key.startswith(INTERNAL_KEY_MARK) or key.endswith(MARKER_SUFFIX):
             continue
-        chunks = [k for k in by_key if k.startswith(f"{MEMORY_CHUNK_PREFIX}{key}/")]
+        finding = _check_memory_file(scope, key, entry, by_key)
+        if finding is not None:
+            found.append(finding)
+    return found
+
+
+def _check_receipt_index(scope: str, entries: list[tuple[str, Entry]]) -> list[Finding]:
+    found = []
+    for key, entry in entries:
         try:
-            record = FileRecord.load(entry.value, where=repr(f"{scope}/{key}"))
+            IndexEntry.load(entry.value, where=repr(f"{scope}/{key}"))
         except CorruptRecordError as exc:
             found.append(
                 Finding(
@@ -199,42 +192,46 @@ async def _check_memory(kv: KVStore, scope: str, prefix: str) -> list[Finding]:
                     scope,
                     key,
                     exc.detail,
-                    "quarantine the file record and its chunks (the path becomes absent)",
-                    chunks,
-                )
-            )
-            continue
-        if not record.live:
-            continue
-        needed = (record.chunk_keys(key) if record.chunked else []) + record.metadata_keys(key)
-        missing = [k for k in needed if k not in by_key]
-        kind, detail = "", ""
-        if missing:
-            kind, detail = "missing-chunk", f"{len(missing)} of {len(needed)} chunks are missing"
-        else:
-            try:
-                text = "".join(decode_text(by_key[k].value) for k in record.chunk_keys(key))
-                if record.chunked and len(text) != record.length:
-                    raise ValueError(
-                        f"chunks hold {len(text)} characters, the record says {record.length}"
-                    )
-                for k in record.metadata_keys(key):
-                    decode_text(by_key[k].value)
-            except (UnicodeDecodeError, ValueError) as exc:
-                kind, detail = "damaged-chunk", f"chunks do not decode: {exc}"
-        if kind:
-            found.append(
-                Finding(
-                    "memory",
-                    kind,
-                    scope,
-                    key,
-                    f"memory file {key!r}: {detail}",
-                    "quarantine the file record and its chunks (the path becomes absent)",
-                    chunks,
+                    "quarantine the index entry (the file record keeps the receipt)",
                 )
             )
     return found
+
+
+def _check_memory_file(
+    scope: str, key: str, entry: Entry, by_key: dict[str, Entry]
+) -> Finding | None:
+    """What is wrong with one file record and its chunks, if anything."""
+    chunks = [k for k in by_key if k.startswith(f"{MEMORY_CHUNK_PREFIX}{key}/")]
+    action = "quarantine the file record and its chunks (the path becomes absent)"
+    try:
+        record = FileRecord.load(entry.value, where=repr(f"{scope}/{key}"))
+    except CorruptRecordError as exc:
+        return Finding("memory", "undecodable", scope, key, exc.detail, action, chunks)
+    if not record.live:
+        return None
+    needed = (record.chunk_keys(key) if record.chunked else []) + record.metadata_keys(key)
+    missing = [k for k in needed if k not in by_key]
+    if missing:
+        kind, detail = "missing-chunk", f"{len(missing)} of {len(needed)} chunks are missing"
+    else:
+        problem = _undecodable_chunks(record, key, by_key)
+        if problem is None:
+            return None
+        kind, detail = "damaged-chunk", f"chunks do not decode: {problem}"
+    return Finding("memory", kind, scope, key, f"memory file {key!r}: {detail}", action, chunks)
+
+
+def _undecodable_chunks(record: FileRecord, key: str, by_key: dict[str, Entry]) -> str | None:
+    try:
+        text = "".join(decode_text(by_key[k].value) for k in record.chunk_keys(key))
+        if record.chunked and len(text) != record.length:
+            raise ValueError(f"chunks hold {len(text)} characters, the record says {record.length}")
+        for k in record.metadata_keys(key):
+            decode_text(by_key[k].value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 # -- runs -------------------------------------------------------------------------------------
