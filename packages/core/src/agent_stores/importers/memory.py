@@ -46,51 +46,10 @@ async def import_memory(
     identical in ``target`` (content and metadata) is left alone, a different one is
     overwritten (the source wins), so the import can be rerun after an interruption.
     """
-    from pydantic_ai_harness.memory import MemoryOperation
-
     report = ImportReport(label)
     carried = 0
     for path in await source.list_paths(prefix, limit=_ALL):
-        found = await source.read(path, max_chars=_MAX_CHARS)
-        if found is None:
-            continue  # deleted while listing
-        metadata = dict(found.metadata or {}) or None
-        current = await target.read(path, max_chars=_MAX_CHARS)
-        if (
-            current is not None
-            and current.content == found.content
-            and (dict(current.metadata or {}) or None) == metadata
-        ):
-            report.identical += 1
-            if found.operation_id and current.operation_id == found.operation_id:
-                carried += 1
-            continue
-        operation = None
-        if found.operation_id:
-            fingerprint = await fingerprint_of(found.operation_id) if fingerprint_of else None
-            if fingerprint is None:
-                report.not_carried.append(
-                    f"{path}: the receipt of operation {found.operation_id!r} (its fingerprint "
-                    "is not readable from this source)"
-                )
-            else:
-                operation = MemoryOperation(found.operation_id, fingerprint)
-                carried += 1
-        try:
-            await target.write_with_metadata(
-                path,
-                found.content,
-                expected_version=None if current is None else current.version,
-                metadata=metadata,
-                operation=operation,
-            )
-        except Exception as exc:  # one bad file must not stop the others
-            report.failed.append(f"{path}: {type(exc).__name__}: {exc}")
-            continue
-        if current is None:
-            report.imported += 1
-        else:
-            report.updated += 1
+        carried += await _import_file(source, target, path, fingerprint_of, report)
     if receipts_total is not None and receipts_total > carried:
         report.not_carried.append(
             f"{receipts_total - carried} operation receipt(s) of earlier versions or deletions "
@@ -102,6 +61,64 @@ async def import_memory(
             "version numbers: agent-stores gives each imported file a new version"
         )
     return report
+
+
+async def _import_file(
+    source: Any,
+    target: Any,
+    path: str,
+    fingerprint_of: FingerprintLookup | None,
+    report: ImportReport,
+) -> int:
+    """Import one file, counted in ``report``; 1 when its operation receipt was carried."""
+    found = await source.read(path, max_chars=_MAX_CHARS)
+    if found is None:
+        return 0  # deleted while listing
+    metadata = dict(found.metadata or {}) or None
+    current = await target.read(path, max_chars=_MAX_CHARS)
+    if (
+        current is not None
+        and current.content == found.content
+        and (dict(current.metadata or {}) or None) == metadata
+    ):
+        report.identical += 1
+        return int(bool(found.operation_id) and current.operation_id == found.operation_id)
+    operation = await _operation_of(found, path, fingerprint_of, report)
+    try:
+        await target.write_with_metadata(
+            path,
+            found.content,
+            expected_version=None if current is None else current.version,
+            metadata=metadata,
+            operation=operation,
+        )
+    except Exception as exc:  # one bad file must not stop the others
+        report.failed.append(f"{path}: {type(exc).__name__}: {exc}")
+        # Counted as carried as before: the receipt was resolved, the write failed.
+        return int(operation is not None)
+    if current is None:
+        report.imported += 1
+    else:
+        report.updated += 1
+    return int(operation is not None)
+
+
+async def _operation_of(
+    found: Any, path: str, fingerprint_of: FingerprintLookup | None, report: ImportReport
+) -> Any:
+    """The source file's operation receipt to carry over, or None (noted in ``report``)."""
+    from pydantic_ai_harness.memory import MemoryOperation
+
+    if not found.operation_id:
+        return None
+    fingerprint = await fingerprint_of(found.operation_id) if fingerprint_of else None
+    if fingerprint is None:
+        report.not_carried.append(
+            f"{path}: the receipt of operation {found.operation_id!r} (its fingerprint "
+            "is not readable from this source)"
+        )
+        return None
+    return MemoryOperation(found.operation_id, fingerprint)
 
 
 # -- sources ----------------------------------------------------------------------------
