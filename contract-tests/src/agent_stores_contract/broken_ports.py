@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from agent_stores import KVStore
 from agent_stores.checkpointer.port import AppendOutcome, AppendRequest, JournalPort
-from agent_stores.errors import ConflictError, ValueTooLargeError
+from agent_stores.errors import ConflictError
 from agent_stores.kv.base import Entry
 from agent_stores.memory.port import MARKER_VALUE, FileWrite, IndexWrite, MemoryPort
 from agent_stores.sessions.port import (
@@ -40,6 +40,7 @@ from agent_stores.sessions.records import (
     WAITER_KEY,
     ChunkRef,
     RecordError,
+    StateHeader,
     decode_state,
 )
 
@@ -59,15 +60,16 @@ def _transaction() -> asyncio.Lock:
     return lock
 
 
-def _check_size(kv: KVStore, scope: str, key: str, value: bytes) -> None:
-    limit = kv.limits.max_value_bytes
-    if len(value) > limit:
-        raise ValueTooLargeError(
-            f"value for key {key[:80]!r} in scope {scope[:80]!r} is {len(value)} bytes; "
-            f"the limit is {limit}",
-            size=len(value),
-            limit=limit,
-        )
+def _checks_first(
+    kv: KVStore, values: Sequence[tuple[str, str, bytes]], ids: Sequence[tuple[str, str]] = ()
+) -> None:
+    """The public API's checks, in its order, before anything is written: a closed client,
+    then every id the call writes (``values``' and ``ids``), then the sizes of ``values``."""
+    kv.check_open()
+    for scope, key in (*((scope, key) for scope, key, _ in values), *ids):
+        kv.check_ids(scope, key)
+    for scope, key, value in values:
+        kv.check_value(scope, key, value)
 
 
 async def _raw(kv: KVStore, scope: str, key: str) -> Entry | None:
@@ -133,10 +135,33 @@ class ReferenceSessionPort:
             header, _ = decode_state(state.value)
         except RecordError:
             return GENERIC
+        held = self._held_elsewhere(request, header, waiter)
+        if held is not None:
+            return held
+        if header.recovery or self.due(header.chunks, request.refresh_horizon):
+            return GENERIC
+        new = acquired_state(state.value, owner=request.owner, lease_end=request.lease_end, now=now)
+        if new is None:
+            return GENERIC
+        try:
+            version = await self.kv.replace(
+                scope, STATE_KEY, new, expected_version=state.version, ttl=request.ttl_seconds
+            )
+        except ConflictError:
+            return AcquireReply("busy")
+        await self.drop_hint(scope, waiter, request.store_id)
+        parts = await self._missing_parts(request, header) if request.load_history else {}
+        return AcquireReply("acquired", version=version, state=new, parts=parts)
+
+    def _held_elsewhere(
+        self, request: AcquireRequest, header: StateHeader, waiter: Entry | None
+    ) -> AcquireReply | None:
+        """BUSY while another owner's lease is live; COURTESY while this store's own release
+        leaves another store waiting; None when the request may take the session."""
         lease = header.lease
         if (
             lease is not None
-            and self.lease_live(lease.expires_at, now)
+            and self.lease_live(lease.expires_at, request.now)
             and lease.owner != request.owner
         ):
             return AcquireReply(
@@ -151,33 +176,22 @@ class ReferenceSessionPort:
             and waiter is not None
             and waiter.value != request.store_id.encode()
         ):
-            left = self.courtesy_left(header.released_at, request.courtesy_seconds, now)
+            left = self.courtesy_left(header.released_at, request.courtesy_seconds, request.now)
             if left is not None:
                 return AcquireReply("courtesy", retry_after=left)
-        if header.recovery or self.due(header.chunks, request.refresh_horizon):
-            return GENERIC
-        new = acquired_state(state.value, owner=request.owner, lease_end=request.lease_end, now=now)
-        if new is None:
-            return GENERIC
-        try:
-            version = await self.kv.replace(
-                scope, STATE_KEY, new, expected_version=state.version, ttl=request.ttl_seconds
-            )
-        except ConflictError:
-            return AcquireReply("busy")
-        await self.drop_hint(scope, waiter, request.store_id)
-        parts: dict[str, bytes] = {}
-        if request.load_history:
-            wanted = [
-                key
-                for c in header.chunks
-                if c.key not in request.held_chunks
-                for key in c.part_keys()
-            ]
-            if wanted:
-                found = await self.kv.get_many(scope, wanted)
-                parts = {key: entry.value for key, entry in found.items()}
-        return AcquireReply("acquired", version=version, state=new, parts=parts)
+        return None
+
+    async def _missing_parts(
+        self, request: AcquireRequest, header: StateHeader
+    ) -> dict[str, bytes]:
+        """The stored parts of every chunk the caller does not hold yet."""
+        wanted = [
+            key for c in header.chunks if c.key not in request.held_chunks for key in c.part_keys()
+        ]
+        if not wanted:
+            return {}
+        found = await self.kv.get_many(request.scope, wanted)
+        return {key: entry.value for key, entry in found.items()}
 
     async def save(self, request: SaveRequest) -> str:
         creates = [
@@ -332,9 +346,10 @@ class ReferenceMemoryPort:
     async def write(self, write: FileWrite) -> str:
         kv = self.kv
         index = write.index
-        _check_size(kv, write.scope, write.key, write.value)
+        written = [(write.scope, write.key, write.value)]
         if index is not None:
-            _check_size(kv, index.scope, index.key, index.value)
+            written.append((index.scope, index.key, index.value))
+        _checks_first(kv, written, write.markers)
         async with _transaction():
             if index is not None and await self.index_taken(index):
                 raise ConflictError("operation already indexed", scope=index.scope, key=index.key)
@@ -414,7 +429,13 @@ class ReferenceJournalPort:
 
     async def append(self, request: AppendRequest) -> AppendOutcome:
         kv = self.kv
-        _check_size(kv, request.scope, request.key, request.value)
+        _checks_first(
+            kv,
+            [
+                (request.scope, request.head_key, request.head_value),
+                (request.scope, request.key, request.value),
+            ],
+        )
         async with _transaction():
             found = await self.existing(request.scope, request.key)
             if found is not None:

@@ -335,105 +335,168 @@ class DamageContract(ContractBase):
         """doctor lists a planted damage of each kind without changing anything; --repair
         quarantines each (raw bytes kept), a second scan is clean, every store works again
         and nothing healthy was lost."""
-        from agent_stores.doctor import scan
-
         prefixes: dict[str, Any] = {
             "session_prefix": f"{ns}:session:",
             "memory_prefix": f"{ns}:memory:",
             "runs_prefix": f"{ns}-cp/",
         }
         sessions = SessionStore(kv, scope_prefix=prefixes["session_prefix"], lease_seconds=30)
-        long_history = [m for i in range(30) for m in exchange(f"m{i}")]
-        for sid in ("bad-state", "bad-chunk", "healthy"):
-            async with sessions.turn(sid) as session:
-                session.replace(long_history)
-        await plant(kv, sessions.storage.scope_for("bad-state"), STATE_KEY)
-        chunk_scope = sessions.storage.scope_for("bad-chunk")
-        parts = [i.key async for i in kv.iter_scan(chunk_scope, prefix=CHUNK_PREFIX, values=False)]
-        await plant(kv, chunk_scope, parts[0])
-
+        expected, garbage = await _damage_sessions(kv, sessions)
         memory = KVMemoryStore(kv, scope_prefix=prefixes["memory_prefix"], max_record_bytes=1024)
-        from pydantic_ai_harness.memory import MemoryOperation
-
-        await memory.write("dave/main/MEMORY.md", "dave likes tea", expected_version=None)
-        await memory.write("dave/main/notes.md", "notes", expected_version=None)
-        await memory.write("dave/main/big.md", "tea " * 800, expected_version=None)
-        await memory.write(
-            "dave/main/op.md",
-            "by op",
-            expected_version=None,
-            operation=MemoryOperation(id=f"{ns}-op", fingerprint="fp"),
-        )
-        dave = memory.directory_scope("dave/main")
-        await plant(kv, dave, "notes.md")
-        big_chunks = [i.key async for i in kv.iter_scan(dave, prefix="~c/big.md/", values=False)]
-        await plant(kv, dave, big_chunks[0])
-        ops_scopes = await kv.scopes(prefix=f"{prefixes['memory_prefix']}~ops/")
-        assert len(ops_scopes) == 1
-        ops_key = (await kv.scan(ops_scopes[0], limit=1, values=False))[0].key
-        await plant(kv, ops_scopes[0], ops_key)
-
+        found, chunk = await _damage_memory(kv, memory, ns, prefixes["memory_prefix"])
+        expected |= found
+        garbage.append(chunk)
         checkpointer = Checkpointer(kv, scope_prefix=f"{ns}-cp/")
-        for run in ("good", "bad"):
-            await checkpointer.append(run, JournalEvent.attempted("s1"))
-            await checkpointer.append(run, JournalEvent.completed("s1", {"ok": run}))
-        await plant(kv, checkpointer.space.scope("bad"), "j/s1/completed")
-        await kv.create(checkpointer.space.runs_scope, "ghost", b"{}")
+        expected |= await _damage_runs(kv, checkpointer)
 
-        expected = {
-            ("sessions", "undecodable", sessions.storage.scope_for("bad-state"), STATE_KEY),
-            ("sessions", "damaged-chunk", chunk_scope, STATE_KEY),
-            ("memory", "undecodable", dave, "notes.md"),
-            ("memory", "damaged-chunk", dave, "big.md"),
-            ("memory", "undecodable", ops_scopes[0], ops_key),
-            ("runs", "undecodable", checkpointer.space.scope("bad"), "j/s1/completed"),
-            ("runs", "dangling-index", checkpointer.space.runs_scope, "ghost"),
-        }
-        seen: list[str] = []
-        report = await scan(kv, progress=lambda store, scope, i, n: seen.append(scope), **prefixes)
-        assert {(f.store, f.kind, f.scope, f.key) for f in report.findings} == expected
-        assert not any(f.repaired for f in report.findings)
-        assert report.scanned["sessions"] == 3 and report.scanned["runs"] == 2
-        assert len(seen) == sum(report.scanned.values())
-        # A scan without --repair changes nothing.
-        with pytest.raises(CorruptRecordError):
-            await checkpointer.load("bad")
-
-        repaired = await scan(kv, repair=True, **prefixes)
-        assert {(f.store, f.kind, f.scope, f.key) for f in repaired.findings} == expected
-        assert all(
-            f.repaired and f.quarantined_as for f in repaired.findings if f.kind != "dangling-index"
-        )
-        assert repaired.healthy
-        assert (await scan(kv, **prefixes)).findings == []
-
-        kept = await list_quarantined(kv)
-        origins = {(q.scope, q.origin_key): q.raw for q in kept}
-        for _, kind, scope, key in expected:
-            if kind == "undecodable":
-                assert origins[(scope, key)] == GARBAGE
-        assert origins[(chunk_scope, parts[0])] == GARBAGE
-        assert origins[(dave, big_chunks[0])] == GARBAGE
+        await _scan_finds_and_changes_nothing(kv, prefixes, expected, checkpointer)
+        await _repair_quarantines(kv, prefixes, expected, garbage)
 
         # Every store works again; nothing healthy was lost.
         reader = SessionStore(kv, scope_prefix=prefixes["session_prefix"], lease_seconds=30)
-        for sid in ("bad-state", "bad-chunk"):
-            async with reader.turn(sid) as session:
-                assert session.messages == []
-        async with reader.turn("healthy") as session:
-            assert len(session.messages) == 60
-        assert await memory.list_paths("dave/", limit=10) == [
-            "dave/main/MEMORY.md",
-            "dave/main/op.md",
-        ]
-        assert not memory.problems
-        healthy = await memory.read("dave/main/MEMORY.md", max_chars=100)
-        assert healthy is not None and healthy.content == "dave likes tea"
-        await memory.write("dave/main/notes.md", "new notes", expected_version=None)
-        assert len((await checkpointer.load("good")).entries) == 2
-        assert [e.event.phase.value for e in (await checkpointer.load("bad")).entries] == [
-            "attempted"
-        ]
-        assert "ghost" not in {r.run_id for r in await checkpointer.list_runs(limit=1000)}
+        await _sessions_work_again(reader)
+        await _memory_works_again(memory)
+        await _runs_work_again(checkpointer)
         await sessions.aclose()
         await reader.aclose()
+
+
+# -- doctor: one helper per store and per phase of test_doctor_finds_and_quarantines_every_kind
+
+_Finding = tuple[str, str, str, str]  # (store, kind, scope, key)
+
+
+async def _damage_sessions(
+    kv: KVStore, sessions: SessionStore
+) -> tuple[set[_Finding], list[tuple[str, str]]]:
+    """A session with an undecodable state and one with a damaged chunk, next to a healthy one.
+
+    The findings doctor must report, and the (scope, key) of the damaged chunk.
+    """
+    long_history = [m for i in range(30) for m in exchange(f"m{i}")]
+    for sid in ("bad-state", "bad-chunk", "healthy"):
+        async with sessions.turn(sid) as session:
+            session.replace(long_history)
+    await plant(kv, sessions.storage.scope_for("bad-state"), STATE_KEY)
+    chunk_scope = sessions.storage.scope_for("bad-chunk")
+    parts = [i.key async for i in kv.iter_scan(chunk_scope, prefix=CHUNK_PREFIX, values=False)]
+    await plant(kv, chunk_scope, parts[0])
+    expected = {
+        ("sessions", "undecodable", sessions.storage.scope_for("bad-state"), STATE_KEY),
+        ("sessions", "damaged-chunk", chunk_scope, STATE_KEY),
+    }
+    return expected, [(chunk_scope, parts[0])]
+
+
+async def _damage_memory(
+    kv: KVStore, memory: KVMemoryStore, ns: str, memory_prefix: str
+) -> tuple[set[_Finding], tuple[str, str]]:
+    """An undecodable record, a damaged chunk of a big one and an undecodable operation receipt.
+
+    The findings doctor must report, and the (scope, key) of the damaged chunk.
+    """
+    from pydantic_ai_harness.memory import MemoryOperation
+
+    await memory.write("dave/main/MEMORY.md", "dave likes tea", expected_version=None)
+    await memory.write("dave/main/notes.md", "notes", expected_version=None)
+    await memory.write("dave/main/big.md", "tea " * 800, expected_version=None)
+    await memory.write(
+        "dave/main/op.md",
+        "by op",
+        expected_version=None,
+        operation=MemoryOperation(id=f"{ns}-op", fingerprint="fp"),
+    )
+    dave = memory.directory_scope("dave/main")
+    await plant(kv, dave, "notes.md")
+    big_chunks = [i.key async for i in kv.iter_scan(dave, prefix="~c/big.md/", values=False)]
+    await plant(kv, dave, big_chunks[0])
+    ops_scopes = await kv.scopes(prefix=f"{memory_prefix}~ops/")
+    assert len(ops_scopes) == 1
+    ops_key = (await kv.scan(ops_scopes[0], limit=1, values=False))[0].key
+    await plant(kv, ops_scopes[0], ops_key)
+    expected = {
+        ("memory", "undecodable", dave, "notes.md"),
+        ("memory", "damaged-chunk", dave, "big.md"),
+        ("memory", "undecodable", ops_scopes[0], ops_key),
+    }
+    return expected, (dave, big_chunks[0])
+
+
+async def _damage_runs(kv: KVStore, checkpointer: Checkpointer) -> set[_Finding]:
+    """An undecodable journal entry and a run index entry with no run behind it."""
+    for run in ("good", "bad"):
+        await checkpointer.append(run, JournalEvent.attempted("s1"))
+        await checkpointer.append(run, JournalEvent.completed("s1", {"ok": run}))
+    await plant(kv, checkpointer.space.scope("bad"), "j/s1/completed")
+    await kv.create(checkpointer.space.runs_scope, "ghost", b"{}")
+    return {
+        ("runs", "undecodable", checkpointer.space.scope("bad"), "j/s1/completed"),
+        ("runs", "dangling-index", checkpointer.space.runs_scope, "ghost"),
+    }
+
+
+async def _scan_finds_and_changes_nothing(
+    kv: KVStore, prefixes: dict[str, Any], expected: set[_Finding], checkpointer: Checkpointer
+) -> None:
+    from agent_stores.doctor import scan
+
+    seen: list[str] = []
+    report = await scan(kv, progress=lambda store, scope, i, n: seen.append(scope), **prefixes)
+    assert {(f.store, f.kind, f.scope, f.key) for f in report.findings} == expected
+    assert not any(f.repaired for f in report.findings)
+    assert report.scanned["sessions"] == 3 and report.scanned["runs"] == 2
+    assert len(seen) == sum(report.scanned.values())
+    # A scan without --repair changes nothing.
+    with pytest.raises(CorruptRecordError):
+        await checkpointer.load("bad")
+
+
+async def _repair_quarantines(
+    kv: KVStore,
+    prefixes: dict[str, Any],
+    expected: set[_Finding],
+    garbage: list[tuple[str, str]],
+) -> None:
+    """--repair quarantines every finding with its raw bytes; a second scan is clean."""
+    from agent_stores.doctor import scan
+
+    repaired = await scan(kv, repair=True, **prefixes)
+    assert {(f.store, f.kind, f.scope, f.key) for f in repaired.findings} == expected
+    assert all(
+        f.repaired and f.quarantined_as for f in repaired.findings if f.kind != "dangling-index"
+    )
+    assert repaired.healthy
+    assert (await scan(kv, **prefixes)).findings == []
+
+    kept = await list_quarantined(kv)
+    origins = {(q.scope, q.origin_key): q.raw for q in kept}
+    for _, kind, scope, key in expected:
+        if kind == "undecodable":
+            assert origins[(scope, key)] == GARBAGE
+    for chunk in garbage:
+        assert origins[chunk] == GARBAGE
+
+
+async def _sessions_work_again(reader: SessionStore) -> None:
+    for sid in ("bad-state", "bad-chunk"):
+        async with reader.turn(sid) as session:
+            assert session.messages == []
+    async with reader.turn("healthy") as session:
+        assert len(session.messages) == 60
+
+
+async def _memory_works_again(memory: KVMemoryStore) -> None:
+    assert await memory.list_paths("dave/", limit=10) == [
+        "dave/main/MEMORY.md",
+        "dave/main/op.md",
+    ]
+    assert not memory.problems
+    healthy = await memory.read("dave/main/MEMORY.md", max_chars=100)
+    assert healthy is not None and healthy.content == "dave likes tea"
+    await memory.write("dave/main/notes.md", "new notes", expected_version=None)
+
+
+async def _runs_work_again(checkpointer: Checkpointer) -> None:
+    assert len((await checkpointer.load("good")).entries) == 2
+    assert [e.event.phase.value for e in (await checkpointer.load("bad")).entries] == ["attempted"]
+    assert "ghost" not in {r.run_id for r in await checkpointer.list_runs(limit=1000)}

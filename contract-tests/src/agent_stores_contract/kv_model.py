@@ -525,43 +525,48 @@ class KVMachine(RuleBasedStateMachine):
         failing: int | None = None
         resolved = {self.pick(scope, step[0]): step[1:] for step in plan}  # one op per key
         for index, (key, (kind, choice, value, ttl)) in enumerate(resolved.items()):
-            live = self.model.live(scope, key)
-            op: Operation
-            if kind == "create":
-                op, ok = Create(key, value, ttl), live is None
-            elif kind == "replace":
-                expected = self.expected_version(scope, key, choice)
-                op = Replace(key, value, expected, ttl)
-                ok = live is not None and live.version == expected
-            elif kind == "delete":
-                expected = self.expected_version(scope, key, choice)
-                op = Delete(key, expected)
-                ok = live is not None and live.version == expected
-            elif kind == "delete-any":
-                op, ok = Delete(key, None), True
-            else:
-                want_version = (
-                    None if choice == "bogus" else self.expected_version(scope, key, choice)
-                )
-                op = Check(key, want_version)
-                ok = (live.version if live else None) == want_version
+            op, ok = self._commit_op(scope, key, kind, choice, value, ttl)
             ops.append(op)
             if not ok and failing is None:
                 failing = index
         where = f"commit({scope!r}, {ops!r})"
         if failing is not None:
-            conflict: ConflictError | None = None
-            try:
-                self.run(self.store.commit(scope, ops))
-            except ConflictError as exc:
-                conflict = exc
-            assert conflict is not None, (
-                f"{where} succeeded; operation {failing} should have failed"
-            )
-            assert conflict.index == failing, (
-                f"{where}: conflict index {conflict.index} != {failing}"
-            )
+            self._commit_conflicts(scope, ops, failing, where)
             return
+        self._commit_applies(scope, ops, where)
+
+    def _commit_op(
+        self, scope: str, key: str, kind: str, choice: str, value: bytes, ttl: float | None
+    ) -> tuple[Operation, bool]:
+        """The commit operation a plan step asks for, and whether the model says it holds."""
+        live = self.model.live(scope, key)
+        if kind == "create":
+            return Create(key, value, ttl), live is None
+        if kind == "replace":
+            expected = self.expected_version(scope, key, choice)
+            return Replace(key, value, expected, ttl), (
+                live is not None and live.version == expected
+            )
+        if kind == "delete":
+            expected = self.expected_version(scope, key, choice)
+            return Delete(key, expected), live is not None and live.version == expected
+        if kind == "delete-any":
+            return Delete(key, None), True
+        want_version = None if choice == "bogus" else self.expected_version(scope, key, choice)
+        return Check(key, want_version), (live.version if live else None) == want_version
+
+    def _commit_conflicts(self, scope: str, ops: list[Operation], failing: int, where: str) -> None:
+        """The commit must fail, at the first operation whose condition does not hold."""
+        conflict: ConflictError | None = None
+        try:
+            self.run(self.store.commit(scope, ops))
+        except ConflictError as exc:
+            conflict = exc
+        assert conflict is not None, f"{where} succeeded; operation {failing} should have failed"
+        assert conflict.index == failing, f"{where}: conflict index {conflict.index} != {failing}"
+
+    def _commit_applies(self, scope: str, ops: list[Operation], where: str) -> None:
+        """The commit must apply every operation: a fresh version for each write."""
         results = self.run(self.store.commit(scope, ops))
         assert len(results) == len(ops), f"{where} returned {results!r}"
         for op, result in zip(ops, results, strict=True):

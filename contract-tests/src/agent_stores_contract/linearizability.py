@@ -595,58 +595,85 @@ def _step(state: State, sub: _Sub) -> State | None:
     A key may be :data:`_ANY` (any state: only while the window search looks at a part of
     the history); a read pins it, a write that does not say what it found keeps it "any".
     """
-    kind, outcome, op = sub.kind, sub.outcome, sub.op
-    if kind == "get":
-        current = state[sub.slots[0]]
-        if current is _ANY:
-            return _set(state, sub.slots[0], sub.observed)
-        return state if current == sub.observed else None
-    if kind == "blur":
-        new = list(state)
-        for slot in sub.slots:
-            new[slot] = _ANY
-        return tuple(new)
+    if sub.kind == "get":
+        return _step_get(state, sub)
+    if sub.kind == "blur":
+        return _step_blur(state, sub)
     if any(state[s] is _ANY for s in sub.slots):
         return _step_any(state, sub)
-    if kind == "commit":
-        currents = [state[s] for s in sub.slots]
-        each = [_commit_holds(item, cur) for item, cur in zip(op.items, currents, strict=True)]
-        if outcome == "conflict":
-            index = op.result
-            if index is not None and 0 <= index < len(each):
-                return state if not each[index] else None
-            return state if not all(each) else None
-        if not all(each):
-            return None if outcome == "ok" else state
-        new = list(state)
-        for item, slot, write in zip(op.items, sub.slots, sub.writes, strict=True):
-            if item.kind in ("create", "replace"):
-                new[slot] = write
-            elif item.kind == "delete":
-                new[slot] = None
-        return tuple(new)
-    slot = sub.slots[0]
-    current = state[slot]
-    if kind == "create":
-        holds = current is None
-    elif kind == "replace":
-        holds = current is not None and current[1] == op.expected
-    else:  # delete
-        holds = current is not None and (op.expected is None or current[1] == op.expected)
-    if outcome in ("unknown", "maybe"):
-        if not holds:
-            return state
-    elif kind == "delete":
-        if bool(op.result) != holds:
-            return None
-        if not holds:
-            return state
-    elif outcome == "conflict":
-        return state if not holds else None
-    elif not holds:
-        return None
+    if sub.kind == "commit":
+        return _step_commit(state, sub)
+    return _step_write(state, sub)
+
+
+def _step_get(state: State, sub: _Sub) -> State | None:
+    current = state[sub.slots[0]]
+    if current is _ANY:
+        return _set(state, sub.slots[0], sub.observed)
+    return state if current == sub.observed else None
+
+
+def _step_blur(state: State, sub: _Sub) -> State:
     new = list(state)
-    new[slot] = None if kind == "delete" else sub.writes[0]
+    for slot in sub.slots:
+        new[slot] = _ANY
+    return tuple(new)
+
+
+def _step_commit(state: State, sub: _Sub) -> State | None:
+    """:func:`_step` for a commit on keys in a known state: all of its operations or none."""
+    op, outcome = sub.op, sub.outcome
+    currents = [state[s] for s in sub.slots]
+    each = [_commit_holds(item, cur) for item, cur in zip(op.items, currents, strict=True)]
+    if outcome == "conflict":
+        index = op.result
+        if index is not None and 0 <= index < len(each):
+            return state if not each[index] else None
+        return state if not all(each) else None
+    if not all(each):
+        return None if outcome == "ok" else state
+    new = list(state)
+    for item, slot, write in zip(op.items, sub.slots, sub.writes, strict=True):
+        if item.kind in ("create", "replace"):
+            new[slot] = write
+        elif item.kind == "delete":
+            new[slot] = None
+    return tuple(new)
+
+
+def _write_holds(sub: _Sub, current: tuple[bytes, str] | None) -> bool:
+    """Whether a single-key write's condition holds on ``current``."""
+    op = sub.op
+    if sub.kind == "create":
+        return current is None
+    if sub.kind == "replace":
+        return current is not None and current[1] == op.expected
+    # delete
+    return current is not None and (op.expected is None or current[1] == op.expected)
+
+
+def _write_applies(sub: _Sub, holds: bool) -> bool | None:
+    """Whether a single-key write took effect given its result: None when the result contradicts ``holds``."""
+    kind, outcome = sub.kind, sub.outcome
+    if outcome in ("unknown", "maybe"):
+        return holds
+    if kind == "delete":
+        return holds if bool(sub.op.result) == holds else None
+    if outcome == "conflict":
+        return False if not holds else None
+    return True if holds else None
+
+
+def _step_write(state: State, sub: _Sub) -> State | None:
+    """:func:`_step` for a create, replace or delete on a key in a known state."""
+    slot = sub.slots[0]
+    applies = _write_applies(sub, _write_holds(sub, state[slot]))
+    if applies is None:
+        return None
+    if not applies:
+        return state
+    new = list(state)
+    new[slot] = None if sub.kind == "delete" else sub.writes[0]
     return tuple(new)
 
 
@@ -711,20 +738,7 @@ def _search(
         return True, 0
     slot_of = {k: i for i, k in enumerate(keys)}
     subs = [replace(s, slots=tuple(slot_of[k] for k in s.keys)) for s in subs]
-    # Events: call of i is node 2i+1, return is 2i+2; 0 is the head. Calls sort before
-    # returns at the same instant (so touching operations count as concurrent).
-    events = sorted(
-        [(s.call, 0, 2 * i + 1) for i, s in enumerate(subs)]
-        + [(s.ret, 1, 2 * i + 2) for i, s in enumerate(subs)]
-    )
-    size = 2 * n + 2
-    nxt = [0] * size
-    prv = [0] * size
-    order = [0] + [e[2] for e in events]
-    end = size - 1  # sentinel after the last event (never reached: see below)
-    order.append(end)
-    for a, b in itertools.pairwise(order):
-        nxt[a], prv[b] = b, a
+    nxt, prv = _event_list(subs)
     state: State = tuple(_ANY if any_start else None for _ in keys)
     finite = [s.ret != _INF and not s.optional for s in subs]
     left = sum(finite)
@@ -748,9 +762,7 @@ def _search(
                     stack.append((entry, state))
                     state, linearized = new, bits
                     left -= finite[i]
-                    ret = entry + 1  # lift the call and its return out of the list
-                    nxt[prv[entry]], prv[nxt[entry]] = nxt[entry], prv[entry]
-                    nxt[prv[ret]], prv[nxt[ret]] = nxt[ret], prv[ret]
+                    _lift(nxt, prv, entry)
                     entry = nxt[0]
                     continue
             entry = nxt[entry]
@@ -763,8 +775,7 @@ def _search(
             cache.add((linearized | (1 << i), state))
             stack.append((call, state))
             linearized |= 1 << i
-            nxt[prv[call]], prv[nxt[call]] = nxt[call], prv[call]
-            nxt[prv[entry]], prv[nxt[entry]] = nxt[entry], prv[entry]
+            _lift(nxt, prv, call)
             entry = nxt[0]
         else:  # a return whose call is not linearized yet: backtrack
             if not stack:
@@ -773,13 +784,46 @@ def _search(
             i = entry // 2
             linearized &= ~(1 << i)
             left += finite[i]
-            ret = entry + 1  # unlift: the return first, then the call
-            nxt[prv[ret]] = ret
-            prv[nxt[ret]] = ret
-            nxt[prv[entry]] = entry
-            prv[nxt[entry]] = entry
+            _unlift(nxt, prv, entry)
             entry = nxt[entry]
     return True, steps
+
+
+def _event_list(subs: Sequence[_Sub]) -> tuple[list[int], list[int]]:
+    """The doubly linked list of call/return events in time order: (next, previous) of each node.
+
+    Call of i is node 2i+1, return is 2i+2; 0 is the head. Calls sort before returns at
+    the same instant (so touching operations count as concurrent).
+    """
+    events = sorted(
+        [(s.call, 0, 2 * i + 1) for i, s in enumerate(subs)]
+        + [(s.ret, 1, 2 * i + 2) for i, s in enumerate(subs)]
+    )
+    size = 2 * len(subs) + 2
+    nxt = [0] * size
+    prv = [0] * size
+    order = [0] + [e[2] for e in events]
+    end = size - 1  # sentinel after the last event (never reached: see _search)
+    order.append(end)
+    for a, b in itertools.pairwise(order):
+        nxt[a], prv[b] = b, a
+    return nxt, prv
+
+
+def _lift(nxt: list[int], prv: list[int], call: int) -> None:
+    """Take a call and its return (the node after it) out of the event list."""
+    ret = call + 1
+    nxt[prv[call]], prv[nxt[call]] = nxt[call], prv[call]
+    nxt[prv[ret]], prv[nxt[ret]] = nxt[ret], prv[ret]
+
+
+def _unlift(nxt: list[int], prv: list[int], call: int) -> None:
+    """Put a lifted call and its return back: the return first, then the call."""
+    ret = call + 1
+    nxt[prv[ret]] = ret
+    prv[nxt[ret]] = ret
+    nxt[prv[call]] = call
+    prv[nxt[call]] = call
 
 
 def _partitions(ops: Sequence[Op]) -> list[list[Op]]:
@@ -982,106 +1026,16 @@ def _explain(part: Sequence[Op], max_steps: int, echo: bool, *, start: int) -> s
        dropped, a write to "applied within the call, or refused"), oldest first; the
        results left are the ones that contradict each other, each one needed.
     """
-
-    spent = 0  # model steps of all the searches below: bounded by max_steps too
-
-    def fails(
-        candidate: Sequence[Op], blurred: Set[int] = frozenset(), any_start: bool = False
-    ) -> bool:
-        # "Cannot tell" (a search out of budget) counts as "does not fail", so the
-        # window only ever shrinks on proof; once the budget is spent it stays as is.
-        nonlocal spent
-        budget = min(max_steps // 10, max_steps - spent)
-        if budget <= 0:
-            return False
-        verdict, steps = _linearizable(
-            candidate, budget, echo, blurred=blurred, any_start=any_start
-        )
-        spent += steps
-        return verdict is False
-
-    returns = sorted(op.ret for op in part if op.ret is not None and op.outcome != "unknown")
-
-    def prefix(cut: int) -> list[Op]:
-        out: list[Op] = []
-        for op in part:
-            if op.call > cut:
-                continue
-            if op.ret is not None and op.ret > cut and op.outcome != "unknown":
-                w = _weaken(op)
-                if w is not None:
-                    out.append(w)
-                continue
-            out.append(op)
-        return out
-
-    lo, hi = 0, len(returns) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fails(prefix(returns[mid])):
-            hi = mid
-        else:
-            lo = mid + 1
-    closed = prefix(returns[lo]) if returns else list(part)
-    if not fails(closed):  # not monotone after all: keep the whole partition
-        closed = list(part)
-
-    def opened(at: int) -> tuple[list[Op], set[int]]:
-        ops: list[Op] = []
-        blurred: set[int] = set()
-        for op in closed:
-            if op.kind in ("get", "get_many"):
-                if op.call >= at:
-                    ops.append(op)
-            elif op.ret is None or op.outcome == "unknown" or op.ret >= at:
-                ops.append(op)
-                if op.call < at:
-                    blurred.add(op.id)
-        return ops, blurred
-
-    calls = sorted({op.call for op in closed})
-    window, blurred, any_start = closed, set[int](), False
-    if calls and fails(*opened(calls[0]), any_start=True):
-        lo, hi = 0, len(calls) - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fails(*opened(calls[mid]), any_start=True):
-                lo = mid
-            else:
-                hi = mid - 1
-        window, blurred = opened(calls[lo])
-        any_start = True
-    demoted: set[int] = set()
-    for op in sorted(window, key=lambda o: o.call):
-        if op.outcome == "unknown" or op.id in blurred:
-            continue
-        if fails(_as_unknown(window, demoted | {op.id}), blurred, any_start):
-            demoted.add(op.id)
+    fails = _Trials(max_steps, echo)
+    closed = _close_window(part, fails)
+    window, blurred, any_start = _open_window(closed, fails)
+    demoted = _demote_unneeded(window, blurred, any_start, fails)
     essential = [
         op
         for op in window
         if op.id not in demoted and op.id not in blurred and op.outcome != "unknown"
     ]
-    # The writes that produced the values and versions the essential results mention.
-    mentioned: set[tuple[str, str]] = set()
-    values: set[tuple[str, bytes]] = set()
-    for op in essential:
-        if op.expected is not None:
-            mentioned.add((op.key, op.expected))
-        for item in op.items:
-            if item.expected is not None:
-                mentioned.add((item.key, item.expected))
-        for key, seen in _observations(op):
-            if seen is not None:
-                values.add((key, seen[0]))
-                mentioned.add((key, seen[1]))
-    bind = _bindings(part)
-    sources: set[int] = set()
-    for op in part:
-        written = [(op.key, op.value)] if op.kind in ("create", "replace") else []
-        written += [(i.key, i.value) for i in op.items if i.value is not None]
-        if any(w in values for w in written) or any(w in mentioned for w in _writes(op, bind)):
-            sources.add(op.id)
+    sources = _sources(part, essential)
     in_window = {op.id for op in window if op.kind not in ("get", "get_many")}
     in_window |= {op.id for op in essential}
     marks: dict[int, str] = {op.id: "." for op in part if op.id in sources}
@@ -1100,6 +1054,134 @@ def _explain(part: Sequence[Op], max_steps: int, echo: bool, *, start: int) -> s
         "  ? outcome unknown: may or may not have happened, any time after its call\n"
         + _table([op for op in part if op.id in marks], marks, start=start)
     )
+
+
+class _Trials:
+    """Whether a candidate window fails, with the model steps of all such searches bounded by ``max_steps`` too."""
+
+    def __init__(self, max_steps: int, echo: bool) -> None:
+        self.max_steps = max_steps
+        self.echo = echo
+        self.spent = 0
+
+    def __call__(
+        self, candidate: Sequence[Op], blurred: Set[int] = frozenset(), any_start: bool = False
+    ) -> bool:
+        # "Cannot tell" (a search out of budget) counts as "does not fail", so the
+        # window only ever shrinks on proof; once the budget is spent it stays as is.
+        budget = min(self.max_steps // 10, self.max_steps - self.spent)
+        if budget <= 0:
+            return False
+        verdict, steps = _linearizable(
+            candidate, budget, self.echo, blurred=blurred, any_start=any_start
+        )
+        self.spent += steps
+        return verdict is False
+
+
+def _prefix(part: Sequence[Op], cut: int) -> list[Op]:
+    """``part`` as it stood at ``cut``: later calls left out, running ones weakened."""
+    out: list[Op] = []
+    for op in part:
+        if op.call > cut:
+            continue
+        if op.ret is not None and op.ret > cut and op.outcome != "unknown":
+            w = _weaken(op)
+            if w is not None:
+                out.append(w)
+            continue
+        out.append(op)
+    return out
+
+
+def _close_window(part: Sequence[Op], fails: _Trials) -> list[Op]:
+    """Step 1 of :func:`_explain`: the shortest failing prefix (binary search over the responses)."""
+    returns = sorted(op.ret for op in part if op.ret is not None and op.outcome != "unknown")
+    lo, hi = 0, len(returns) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fails(_prefix(part, returns[mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    closed = _prefix(part, returns[lo]) if returns else list(part)
+    if not fails(closed):  # not monotone after all: keep the whole partition
+        closed = list(part)
+    return closed
+
+
+def _opened(closed: Sequence[Op], at: int) -> tuple[list[Op], set[int]]:
+    """``closed`` opened at ``at``: the operations kept, and the writes running across ``at``."""
+    ops: list[Op] = []
+    blurred: set[int] = set()
+    for op in closed:
+        if op.kind in ("get", "get_many"):
+            if op.call >= at:
+                ops.append(op)
+        elif op.ret is None or op.outcome == "unknown" or op.ret >= at:
+            ops.append(op)
+            if op.call < at:
+                blurred.add(op.id)
+    return ops, blurred
+
+
+def _open_window(closed: list[Op], fails: _Trials) -> tuple[list[Op], set[int], bool]:
+    """Step 2 of :func:`_explain`: the latest opening that still fails: (window, blurred, any_start)."""
+    calls = sorted({op.call for op in closed})
+    if not (calls and fails(*_opened(closed, calls[0]), any_start=True)):
+        return closed, set[int](), False
+    lo, hi = 0, len(calls) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fails(*_opened(closed, calls[mid]), any_start=True):
+            lo = mid
+        else:
+            hi = mid - 1
+    window, blurred = _opened(closed, calls[lo])
+    return window, blurred, True
+
+
+def _demote_unneeded(
+    window: Sequence[Op], blurred: set[int], any_start: bool, fails: _Trials
+) -> set[int]:
+    """Step 3 of :func:`_explain`: the results not needed for the contradiction, oldest first."""
+    demoted: set[int] = set()
+    for op in sorted(window, key=lambda o: o.call):
+        if op.outcome == "unknown" or op.id in blurred:
+            continue
+        if fails(_as_unknown(window, demoted | {op.id}), blurred, any_start):
+            demoted.add(op.id)
+    return demoted
+
+
+def _mentions(essential: Iterable[Op]) -> tuple[set[tuple[str, str]], set[tuple[str, bytes]]]:
+    """The (key, version) pairs and (key, value) pairs the essential results mention."""
+    mentioned: set[tuple[str, str]] = set()
+    values: set[tuple[str, bytes]] = set()
+    for op in essential:
+        if op.expected is not None:
+            mentioned.add((op.key, op.expected))
+        for item in op.items:
+            if item.expected is not None:
+                mentioned.add((item.key, item.expected))
+        for key, seen in _observations(op):
+            if seen is not None:
+                values.add((key, seen[0]))
+                mentioned.add((key, seen[1]))
+    return mentioned, values
+
+
+def _sources(part: Sequence[Op], essential: Iterable[Op]) -> set[int]:
+    """The writes that produced the values and versions the essential results mention."""
+    mentioned, values = _mentions(essential)
+    bind = _bindings(part)
+    sources: set[int] = set()
+    for op in part:
+        written = [(op.key, op.value)] if op.kind in ("create", "replace") else []
+        written += [(i.key, i.value) for i in op.items if i.value is not None]
+        if any(w in values for w in written) or any(w in mentioned for w in _writes(op, bind)):
+            sources.add(op.id)
+    return sources
 
 
 def _table(rows: Sequence[Op], marks: Mapping[int, str], *, start: int | None = None) -> str:
@@ -1210,70 +1292,103 @@ async def run_worker(
     ``use_commit``, commits on :data:`COMMIT_KEYS`. Every value written is unique
     (``worker:n``). Conflicts and unknown outcomes are recorded, not raised.
     """
-    rng = random.Random(f"{seed}-{client.worker}")
-    known: dict[str, str | None] = {}
-    counter = itertools.count()
-
-    def value() -> bytes:
-        return f"{client.worker}:{next(counter)}".encode()
-
-    def version_for(key: str) -> str:
-        got = known.get(key)
-        return got if got is not None else f"never-issued-{rng.randrange(1000)}"
-
+    worker = _Worker(client, seed, keys, use_commit=use_commit, use_get_many=use_get_many)
     for _ in range(ops):
-        key = rng.choice(list(keys))
-        r = rng.random()
+        key = worker.rng.choice(list(keys))
+        r = worker.rng.random()
         try:
-            if r < 0.28:
-                entry = await client.get(key)
-                known[key] = None if entry is None else entry.version
-            elif r < 0.43:
-                known[key] = await client.create(key, value())
-            elif r < 0.68:
-                known[key] = await client.replace(key, value(), version_for(key))
-            elif r < 0.76:
-                if await client.delete(key):
-                    known[key] = None
-            elif r < 0.86:
-                if await client.delete(key, version_for(key)):
-                    known[key] = None
-            elif r < 0.93 or not use_commit:
-                if use_get_many:
-                    found = await client.get_many(list(keys))
-                    for k in keys:
-                        known[k] = found[k].version if k in found else None
-                else:
-                    entry = await client.get(key)
-                    known[key] = None if entry is None else entry.version
-            else:
-                a, b = COMMIT_KEYS if rng.random() < 0.5 else COMMIT_KEYS[::-1]
-                batch: list[Operation] = []
-                for k in (a, b):
-                    seen = known.get(k)
-                    choice = rng.random()
-                    if k == b and choice < 0.4:
-                        batch.append(Check(k, seen))
-                    elif seen is None:
-                        batch.append(Create(k, value()))
-                    elif choice < 0.85:
-                        batch.append(Replace(k, value(), seen))
-                    else:
-                        batch.append(Delete(k, seen))
-                results = await client.commit(batch)
-                for op, version in zip(batch, results, strict=True):
-                    if isinstance(op, Create | Replace):
-                        known[op.key] = version
-                    elif isinstance(op, Delete):
-                        known[op.key] = None
+            await worker.call(key, r)
         except ConflictError:
             continue
         except _DEFINITE_FAILURES:
             raise
         except Exception:
             # Unknown outcome, recorded; this worker no longer knows the key's version.
-            known.pop(key, None)
+            worker.known.pop(key, None)
             continue
+
+
+class _Worker:
+    """The state of one :func:`run_worker`: its random source and the last version it saw of each key."""
+
+    def __init__(
+        self,
+        client: RecordingKV,
+        seed: int | str,
+        keys: Sequence[str],
+        *,
+        use_commit: bool,
+        use_get_many: bool,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.use_commit = use_commit
+        self.use_get_many = use_get_many
+        self.rng = random.Random(f"{seed}-{client.worker}")
+        self.known: dict[str, str | None] = {}
+        self.counter = itertools.count()
+
+    def value(self) -> bytes:
+        return f"{self.client.worker}:{next(self.counter)}".encode()
+
+    def version_for(self, key: str) -> str:
+        got = self.known.get(key)
+        return got if got is not None else f"never-issued-{self.rng.randrange(1000)}"
+
+    async def call(self, key: str, r: float) -> None:
+        """The call the random draw ``r`` picks, on ``key``."""
+        client, known = self.client, self.known
+        if r < 0.28:
+            await self.get(key)
+        elif r < 0.43:
+            known[key] = await client.create(key, self.value())
+        elif r < 0.68:
+            known[key] = await client.replace(key, self.value(), self.version_for(key))
+        elif r < 0.76:
+            if await client.delete(key):
+                known[key] = None
+        elif r < 0.86:
+            if await client.delete(key, self.version_for(key)):
+                known[key] = None
+        elif r < 0.93 or not self.use_commit:
+            await self.read_all(key)
+        else:
+            await self.commit()
+
+    async def get(self, key: str) -> None:
+        entry = await self.client.get(key)
+        self.known[key] = None if entry is None else entry.version
+
+    async def read_all(self, key: str) -> None:
+        if not self.use_get_many:
+            await self.get(key)
+            return
+        found = await self.client.get_many(list(self.keys))
+        for k in self.keys:
+            self.known[k] = found[k].version if k in found else None
+
+    async def commit(self) -> None:
+        """A commit on :data:`COMMIT_KEYS` built from what this worker last saw of them."""
+        rng = self.rng
+        a, b = COMMIT_KEYS if rng.random() < 0.5 else COMMIT_KEYS[::-1]
+        batch: list[Operation] = []
+        for k in (a, b):
+            seen = self.known.get(k)
+            choice = rng.random()
+            if k == b and choice < 0.4:
+                batch.append(Check(k, seen))
+            elif seen is None:
+                batch.append(Create(k, self.value()))
+            elif choice < 0.85:
+                batch.append(Replace(k, self.value(), seen))
+            else:
+                batch.append(Delete(k, seen))
+        results = await self.client.commit(batch)
+        for op, version in zip(batch, results, strict=True):
+            if isinstance(op, Create | Replace):
+                self.known[op.key] = version
+            elif isinstance(op, Delete):
+                self.known[op.key] = None
 
 
 async def run_workload(

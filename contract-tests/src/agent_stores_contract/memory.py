@@ -279,6 +279,64 @@ def _lines(content: str) -> list[str]:
     return [line for line in content.split("\n") if line]
 
 
+async def _start_append_processes(
+    store_url: str, memory_prefix: str, per_process: int
+) -> list[asyncio.subprocess.Process]:
+    """3 ``memory_workers append`` processes, each ready and waiting for its go."""
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agent_stores_contract.memory_workers",
+            "append",
+            store_url,
+            memory_prefix,
+            "u/main/log.md",
+            f"proc{p}",
+            str(per_process),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for p in range(3)
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        ready = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
+        assert ready.strip() == b"ready", ready
+    return procs
+
+
+async def _race_appends(
+    procs: Sequence[asyncio.subprocess.Process], stores: Sequence[KVMemoryStore]
+) -> None:
+    """Release the processes and start 50 appending tasks at once; every process must succeed."""
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+    tasks = asyncio.gather(
+        *(append_within_race_window(stores[i % 5], "u/main/log.md", f"task-{i}") for i in range(50))
+    )
+    outputs = await asyncio.gather(*(p.communicate() for p in procs))
+    await tasks
+    for proc, (_, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err.decode()
+
+
+async def _assert_appends_landed_and_raced(store: KVMemoryStore, per_process: int) -> None:
+    whole = await read_whole(store, "u/main/log.md")
+    assert whole is not None
+    expected = [f"task-{i}" for i in range(50)]
+    expected += [f"proc{p}-{j}" for p in range(3) for j in range(per_process)]
+    assert Counter(_lines(whole.content)) == Counter(expected)
+    # Appended in order of landing: the 4 writers (tasks, 3 processes) one after
+    # another would switch 3 times; more proves the appends really raced.
+    sources = [line.split("-")[0] for line in _lines(whole.content)]
+    switches = sum(1 for a, b in itertools.pairwise(sources) if a != b)
+    assert switches > 3, f"the writers appended one after another ({switches} switches)"
+
+
 class MemoryContract(ContractBase):
     """The memory store contract. Subclass it and provide ``store_url`` or ``kv_factory``."""
 
@@ -1156,54 +1214,12 @@ class MemoryContract(ContractBase):
             "process-local: there is no data for a second process to share",
         )
         per_process = 10
-        procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agent_stores_contract.memory_workers",
-                "append",
-                store_url,
-                memory_prefix,
-                "u/main/log.md",
-                f"proc{p}",
-                str(per_process),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            for p in range(3)
-        ]
-        for proc in procs:
-            assert proc.stdout is not None
-            ready = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
-            assert ready.strip() == b"ready", ready
+        procs = await _start_append_processes(store_url, memory_prefix, per_process)
         clients = [kv_factory() for _ in range(5)]
         stores = [memory_factory(c) for c in clients]
         try:
-            for proc in procs:
-                assert proc.stdin is not None
-                proc.stdin.write(b"go\n")
-                await proc.stdin.drain()
-            tasks = asyncio.gather(
-                *(
-                    append_within_race_window(stores[i % 5], "u/main/log.md", f"task-{i}")
-                    for i in range(50)
-                )
-            )
-            outputs = await asyncio.gather(*(p.communicate() for p in procs))
-            await tasks
-            for proc, (_, err) in zip(procs, outputs, strict=True):
-                assert proc.returncode == 0, err.decode()
-            whole = await read_whole(stores[0], "u/main/log.md")
-            assert whole is not None
-            expected = [f"task-{i}" for i in range(50)]
-            expected += [f"proc{p}-{j}" for p in range(3) for j in range(per_process)]
-            assert Counter(_lines(whole.content)) == Counter(expected)
-            # Appended in order of landing: the 4 writers (tasks, 3 processes) one after
-            # another would switch 3 times; more proves the appends really raced.
-            sources = [line.split("-")[0] for line in _lines(whole.content)]
-            switches = sum(1 for a, b in itertools.pairwise(sources) if a != b)
-            assert switches > 3, f"the writers appended one after another ({switches} switches)"
+            await _race_appends(procs, stores)
+            await _assert_appends_landed_and_raced(stores[0], per_process)
         finally:
             for client in clients:
                 await client.aclose()

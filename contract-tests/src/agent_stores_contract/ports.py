@@ -1275,7 +1275,6 @@ class PortContract(ContractBase):
         client = await open_client(max_value_bytes=1024)
         kv, ports = client.kv, client.ports
         t = client.clock.now
-        limit = kv.limits.max_value_bytes
         longest = max(kv.limits.max_scope_chars, kv.limits.max_key_chars)
         scope = names("checks")
         runs = names("checks-run")
@@ -1288,40 +1287,10 @@ class PortContract(ContractBase):
                 with pytest.raises(InvalidIdError):  # the reference: the KV API refuses it
                     await kv.create(bad_scope, bad_key, b"v")
             with edge("invalid id"):
-                try:
-                    reply = await ports.sessions.acquire(acquire_request(bad, t))
-                except InvalidIdError:
-                    pass
-                else:
-                    assert reply.outcome == "generic", (
-                        f"acquire in the invalid scope {bad[:20]!r} answered {reply.outcome}"
-                    )
-                with pytest.raises(InvalidIdError):
-                    await ports.sessions.save(SaveRequest(bad, value, version, 100, None, []))
-                if bad:  # an empty chunk id still makes a valid part key (h//0)
-                    chunk = ChunkWrite(f"h/{bad}", [b"[]"], t + 200)
-                    with pytest.raises(InvalidIdError):
-                        await ports.sessions.save(
-                            SaveRequest(scope, value, version, 100, 200, [chunk])
-                        )
-                with pytest.raises(InvalidIdError):
-                    await ports.memory.read(bad, "f.md")
-                for write in (
-                    file_write(bad, "f.md", b"f"),
-                    file_write(directory, bad, b"f"),
-                    file_write(directory, f"m{n}.md", b"f", markers=[(parent, bad)]),
-                    file_write(directory, f"i{n}.md", b"f", index=IndexWrite(ops, bad, b"r", 30)),
-                ):
-                    with pytest.raises(InvalidIdError):
-                        await ports.memory.write(write)
+                await self._sessions_refuse_id(ports, bad, scope, value, version, t)
+                await self._memory_refuses_id(ports, bad, n, (directory, parent, ops))
                 if ports.journal.atomic:
-                    for request in (
-                        AppendRequest(bad, "head/j", b'{"next":1}', None, "j/a", b"a", None),
-                        AppendRequest(runs, bad, b'{"next":1}', None, "j/a", b"a", None),
-                        AppendRequest(runs, "head/j", b'{"next":1}', None, bad, b"a", None),
-                    ):
-                        with pytest.raises(InvalidIdError):
-                            await ports.journal.append(request)
+                    await self._journal_refuses_id(ports, bad, runs)
         assert await stored(kv, scope) == (value, version), "a refused save changed the state"
         assert [item.key for item in await kv.scan(scope)] == [STATE_KEY], "a part was stored"
         written = {item.key for item in await kv.scan(directory)}
@@ -1329,13 +1298,67 @@ class PortContract(ContractBase):
         if ports.memory.atomic:
             assert not written, f"an atomic write stored {sorted(written)} and then refused an id"
         if ports.journal.atomic:
-            with edge("counter over the limit"), pytest.raises(ValueTooLargeError):
-                await ports.journal.append(
-                    AppendRequest(runs, "head/j", b"9" * (limit + 1), None, "j/a", b"a", None)
-                )
-            assert await kv.scan(runs) == [], "a refused append wrote something"
-        # A stored state exactly at the limit, which the lease of a long owner id would grow.
-        full_scope = names("full")
+            await self._journal_refuses_oversized_counter(client, runs)
+        await self._acquire_refuses_growing_over_the_limit(client, names("full"), t)
+
+    async def _sessions_refuse_id(
+        self, ports: PortSet, bad: str, scope: str, value: bytes, version: str, t: float
+    ) -> None:
+        """acquire (or GENERIC) and save, with ``bad`` as the scope or a chunk id."""
+        try:
+            reply = await ports.sessions.acquire(acquire_request(bad, t))
+        except InvalidIdError:
+            pass
+        else:
+            assert reply.outcome == "generic", (
+                f"acquire in the invalid scope {bad[:20]!r} answered {reply.outcome}"
+            )
+        with pytest.raises(InvalidIdError):
+            await ports.sessions.save(SaveRequest(bad, value, version, 100, None, []))
+        if bad:  # an empty chunk id still makes a valid part key (h//0)
+            chunk = ChunkWrite(f"h/{bad}", [b"[]"], t + 200)
+            with pytest.raises(InvalidIdError):
+                await ports.sessions.save(SaveRequest(scope, value, version, 100, 200, [chunk]))
+
+    async def _memory_refuses_id(
+        self, ports: PortSet, bad: str, n: int, scopes: tuple[str, str, str]
+    ) -> None:
+        """read and write, with ``bad`` as the scope, the key, a marker or an index key."""
+        directory, parent, ops = scopes
+        with pytest.raises(InvalidIdError):
+            await ports.memory.read(bad, "f.md")
+        for write in (
+            file_write(bad, "f.md", b"f"),
+            file_write(directory, bad, b"f"),
+            file_write(directory, f"m{n}.md", b"f", markers=[(parent, bad)]),
+            file_write(directory, f"i{n}.md", b"f", index=IndexWrite(ops, bad, b"r", 30)),
+        ):
+            with pytest.raises(InvalidIdError):
+                await ports.memory.write(write)
+
+    async def _journal_refuses_id(self, ports: PortSet, bad: str, runs: str) -> None:
+        """append, with ``bad`` as the scope, the head key or the event key."""
+        for request in (
+            AppendRequest(bad, "head/j", b'{"next":1}', None, "j/a", b"a", None),
+            AppendRequest(runs, bad, b'{"next":1}', None, "j/a", b"a", None),
+            AppendRequest(runs, "head/j", b'{"next":1}', None, bad, b"a", None),
+        ):
+            with pytest.raises(InvalidIdError):
+                await ports.journal.append(request)
+
+    async def _journal_refuses_oversized_counter(self, client: Client, runs: str) -> None:
+        limit = client.kv.limits.max_value_bytes
+        with edge("counter over the limit"), pytest.raises(ValueTooLargeError):
+            await client.ports.journal.append(
+                AppendRequest(runs, "head/j", b"9" * (limit + 1), None, "j/a", b"a", None)
+            )
+        assert await client.kv.scan(runs) == [], "a refused append wrote something"
+
+    async def _acquire_refuses_growing_over_the_limit(
+        self, client: Client, full_scope: str, t: float
+    ) -> None:
+        """A stored state exactly at the limit, which the lease of a long owner id would grow."""
+        limit = client.kv.limits.max_value_bytes
         header = StateHeader(
             lease=None,
             fence=2,
@@ -1354,7 +1377,7 @@ class PortContract(ContractBase):
         full_version = await client.kv.create(full_scope, STATE_KEY, full, ttl=100)
         with edge("state would grow over the limit"):
             try:
-                reply = await ports.sessions.acquire(
+                reply = await client.ports.sessions.acquire(
                     acquire_request(full_scope, t, owner="o" * 100)
                 )
             except ValueTooLargeError:
@@ -1363,7 +1386,7 @@ class PortContract(ContractBase):
                 assert reply.outcome == "generic", (
                     f"an acquire whose new state exceeds max_value_bytes answered {reply.outcome}"
                 )
-        assert await stored(kv, full_scope) == (full, full_version)
+        assert await stored(client.kv, full_scope) == (full, full_version)
 
     @rule("public-checks")
     async def test_port_methods_on_a_closed_client_raise_resource_closed(
