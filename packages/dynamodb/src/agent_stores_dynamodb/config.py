@@ -188,13 +188,9 @@ def _number(name: str, raw: str, url: StoreURL, *, integer: bool, minimum: float
     return value
 
 
-def parse_url(url: StoreURL | str) -> DynamoDBSettings:
-    """Parse a ``dynamodb://`` URL into :class:`DynamoDBSettings`; :class:`ConfigError` if odd.
-
-    Error messages show the URL through :func:`redacted`, never a credential.
-    """
-    url = StoreURL.parse(url)
-    shown = redacted(url)
+def _check_shape(url: StoreURL, shown: str) -> None:
+    """Refuse what is not a DynamoDB store URL at all: wrong scheme, unknown options, a server
+    in the authority (a typo must never silently fall back to a default)."""
     if url.scheme != SCHEME:
         raise ConfigError(detail=f"{shown}: not a DynamoDB URL (expected dynamodb://TABLE?…)")
     unknown = sorted({k for k, _ in url.query} - KNOWN_OPTIONS)
@@ -208,24 +204,34 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
             detail=f"{shown}: the URL names only a table (dynamodb://TABLE?region=…); "
             "give the server as ?endpoint_url=http://host:port"
         )
-    q = url.query_get
-    explicit_table = q("table")
+
+
+def _table_of(url: StoreURL, shown: str) -> str:
+    """The table, from the host or ``?table=`` (both only if they agree)."""
+    explicit_table = url.query_get("table")
     table = explicit_table or url.host
     if not table:
         raise ConfigError(detail=f"{shown}: missing table name, e.g. dynamodb://agent-stores")
     if explicit_table and url.host and url.host != explicit_table:
         raise ConfigError(detail=f"{shown}: table given twice (host and ?table=) and they differ")
-    check_table(table)
+    return check_table(table)
 
-    region = q("region") or None
+
+def _region_and_endpoint(url: StoreURL, shown: str) -> tuple[str | None, str | None]:
+    """``(region, endpoint_url)`` as given; None leaves each to the environment/botocore."""
+    region = url.query_get("region") or None
     if region is not None and not _REGION_RE.match(region):
         raise ConfigError(detail=f"{shown}: region {region[:60]!r} is not an AWS region name")
-    endpoint = q("endpoint_url") or None
+    endpoint = url.query_get("endpoint_url") or None
     if endpoint is not None and not re.match(r"^https?://[^\s]+$", endpoint):
         raise ConfigError(
             detail=f"{shown}: endpoint_url must be an http:// or https:// URL, got {endpoint[:80]!r}"
         )
+    return region, endpoint
 
+
+def _credentials_of(url: StoreURL, shown: str) -> dict[str, str]:
+    """Explicit credentials (the escape hatch), from user info and/or the query options."""
     credentials: dict[str, str] = {}
     if url.username or url.password:
         if not (url.username and url.password):
@@ -235,7 +241,7 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
             )
         credentials = {"aws_access_key_id": url.username, "aws_secret_access_key": url.password}
     for name in _CREDENTIAL_OPTIONS:
-        value = q(name)
+        value = url.query_get(name)
         if value:
             if name in credentials:
                 raise ConfigError(detail=f"{shown}: {name} given twice")
@@ -246,17 +252,27 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
         raise ConfigError(
             detail=f"{shown}: aws_access_key_id and aws_secret_access_key go together"
         )
-    profile = q("profile") or None
+    return credentials
+
+
+def _profile_of(url: StoreURL, shown: str, credentials: Mapping[str, str]) -> str | None:
+    # A profile names credentials too: with explicit ones as well, one would silently lose.
+    profile = url.query_get("profile") or None
     if profile and credentials:
         raise ConfigError(detail=f"{shown}: give either profile= or explicit credentials")
+    return profile
 
-    raw = q("deadline")
+
+def _timing_of(url: StoreURL) -> tuple[float, int, float, float]:
+    """``(deadline, max_attempts, connect_timeout, read_timeout)``; the last three default
+    to values sized from the deadline, so it is read first."""
+    raw = url.query_get("deadline")
     deadline = (
         DEFAULT_DEADLINE_SECONDS
         if raw is None
         else _number("deadline", raw, url, integer=False, minimum=MIN_DEADLINE)
     )
-    raw = q("max_attempts")
+    raw = url.query_get("max_attempts")
     attempts = (
         attempts_for(deadline)
         if raw is None
@@ -266,11 +282,28 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
     for name, default in zip(
         ("connect_timeout", "read_timeout"), timeouts_for(deadline), strict=True
     ):
-        raw = q(name)
+        raw = url.query_get(name)
         timeouts[name] = (
             default if raw is None else _number(name, raw, url, integer=False, minimum=0.001)
         )
-    raw_prefix = q("prefix")
+    return deadline, attempts, timeouts["connect_timeout"], timeouts["read_timeout"]
+
+
+def parse_url(url: StoreURL | str) -> DynamoDBSettings:
+    """Parse a ``dynamodb://`` URL into :class:`DynamoDBSettings`; :class:`ConfigError` if odd.
+
+    Error messages show the URL through :func:`redacted`, never a credential.
+    """
+    url = StoreURL.parse(url)
+    shown = redacted(url)
+    # The checks run in this order so that, of several mistakes, the same one is reported.
+    _check_shape(url, shown)
+    table = _table_of(url, shown)
+    region, endpoint = _region_and_endpoint(url, shown)
+    credentials = _credentials_of(url, shown)
+    profile = _profile_of(url, shown, credentials)
+    deadline, attempts, connect_timeout, read_timeout = _timing_of(url)
+    raw_prefix = url.query_get("prefix")
     prefix = check_prefix(DEFAULT_PREFIX if raw_prefix is None else raw_prefix)
     return DynamoDBSettings(
         url=url,
@@ -280,8 +313,8 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
         endpoint_url=endpoint,
         profile=profile,
         max_attempts=attempts,
-        connect_timeout=timeouts["connect_timeout"],
-        read_timeout=timeouts["read_timeout"],
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
         deadline=deadline,
         credentials=credentials,
     )

@@ -225,6 +225,13 @@ def _classify(exc: BaseException) -> tuple[bool, bool] | None:
     return None
 
 
+def _note_maybe_applied(attempt: _Attempt, exc: Exception, retryable: bool) -> None:
+    """Record that a write may have landed; refuse a retry that must not be re-sent."""
+    attempt.ambiguous = True
+    if retryable and not attempt.resend:
+        raise _Ambiguous() from exc
+
+
 def _nothing_there(exc: BaseException) -> bool:
     """Whether ``exc`` says no server is at the endpoint at all (refused, unknown host)."""
     from google.api_core import exceptions as gex
@@ -527,11 +534,7 @@ class FirestoreKV(KVStore):
         For anything else a conflict-like status (a query's missing index is
         FAILED_PRECONDITION) is a failure like any other.
         """
-        from google.api_core.exceptions import (
-            DeadlineExceeded,
-            GoogleAPICallError,
-            ServiceUnavailable,
-        )
+        from google.api_core.exceptions import GoogleAPICallError
 
         from .client import StoreClient
 
@@ -561,24 +564,11 @@ class FirestoreKV(KVStore):
                         raise self._unavailable(exc) from exc
                     raise
                 retryable, maybe_applied = kind
-                if isinstance(client, StoreClient) and (
-                    isinstance(exc, DeadlineExceeded)
-                    or (isinstance(exc, ServiceUnavailable) and not maybe_applied)
-                ):
-                    # No answer in time (the connection may be dead without gRPC knowing),
-                    # or no connection: retry on a fresh channel, which connects at once
-                    # instead of waiting out the old one's reconnect backoff.
-                    client.recycle(generation, grace=self._timeout)
+                self._recycle_if_dead(exc, client, generation, maybe_applied)
                 if attempt is not None and maybe_applied:
-                    attempt.ambiguous = True
-                    if retryable and not attempt.resend:
-                        raise _Ambiguous() from exc
+                    _note_maybe_applied(attempt, exc, retryable)
                 delay = random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**tries))
-                if not self._answered and _nothing_there(exc):
-                    now = loop.time()
-                    first_absent = now if first_absent is None else first_absent
-                    if now + delay - first_absent > NOTHING_THERE_GRACE_SECONDS:
-                        raise self._nothing_there_error(exc, tries + 1, now - first_absent) from exc
+                first_absent = self._give_up_if_nothing_there(exc, tries, delay, first_absent)
                 if (
                     not retryable
                     or tries >= self._retries
@@ -587,6 +577,35 @@ class FirestoreKV(KVStore):
                     raise self._unavailable(exc) from exc
             await asyncio.sleep(delay)
             tries += 1
+
+    def _recycle_if_dead(
+        self, exc: Exception, client: AsyncClient | None, generation: int, maybe_applied: bool
+    ) -> None:
+        from google.api_core.exceptions import DeadlineExceeded, ServiceUnavailable
+
+        from .client import StoreClient
+
+        if isinstance(client, StoreClient) and (
+            isinstance(exc, DeadlineExceeded)
+            or (isinstance(exc, ServiceUnavailable) and not maybe_applied)
+        ):
+            # No answer in time (the connection may be dead without gRPC knowing),
+            # or no connection: retry on a fresh channel, which connects at once
+            # instead of waiting out the old one's reconnect backoff.
+            client.recycle(generation, grace=self._timeout)
+
+    def _give_up_if_nothing_there(
+        self, exc: Exception, tries: int, delay: float, first_absent: float | None
+    ) -> float | None:
+        """When the endpoint was never reached, when that started; raises once it has
+        lasted past the grace (nothing is there: retrying for the whole deadline would only
+        hide a wrong ``emulator_host`` or an emulator not running)."""
+        if not self._answered and _nothing_there(exc):
+            now = asyncio.get_running_loop().time()
+            first_absent = now if first_absent is None else first_absent
+            if now + delay - first_absent > NOTHING_THERE_GRACE_SECONDS:
+                raise self._nothing_there_error(exc, tries + 1, now - first_absent) from exc
+        return first_absent
 
     def _scope_doc(self, scope: str) -> AsyncDocumentReference:
         return self._scopes_col.document(checked_id("scope", scope))
@@ -817,17 +836,12 @@ class FirestoreKV(KVStore):
     async def _scan(
         self, scope: str, prefix: str, start_after: str | None, limit: int, values: bool, now: float
     ) -> list[ScanItem]:
-        from google.cloud.firestore_v1.base_query import FieldFilter
-
         await self._connect()
         entries = self._entries(scope)
-        low = encode_id(prefix)
-        if len(low.encode("utf-8")) > MAX_ID_BYTES:
+        bounds = _prefix_id_range(prefix)
+        if bounds is None:
             return []  # no stored key is that long
-        upper = prefix_upper_bound(prefix)
-        high = None if upper is None else encode_id(upper)
-        if high is not None and len(high.encode("utf-8")) > MAX_ID_BYTES:
-            high = None  # every stored id is below it; the prefix check below filters
+        low, high = bounds
         # Ids sort like keys (see ids.py), so the cursor is the last id seen; the query's
         # bound is inclusive (a clipped over-long id is still a lower bound) and ids at or
         # below the cursor are skipped here.
@@ -837,15 +851,8 @@ class FirestoreKV(KVStore):
         items: list[ScanItem] = []
         while True:
             bound = low if floor is None else _clip_id(floor)
-            query = entries.order_by("__name__").where(
-                filter=FieldFilter("__name__", ">=", entries.document(bound))
-            )
-            if high is not None:
-                query = query.where(filter=FieldFilter("__name__", "<", entries.document(high)))
-            if not values:
-                query = query.select([F_EXPIRES])
             page_size = limit - len(items) + 1  # one extra: the bound is inclusive
-            page = query.limit(page_size)
+            page = _scan_query(entries, bound, high, values).limit(page_size)
 
             async def fetch(seconds: float, page: Any = page) -> list[DocumentSnapshot]:
                 return [snap async for snap in page.stream(retry=None, timeout=seconds)]
@@ -854,27 +861,36 @@ class FirestoreKV(KVStore):
             for snap in snaps:
                 if floor is not None and snap.id <= floor:
                     continue
-                try:
-                    key = decode_id(snap.id)
-                except ValueError:
-                    continue  # not ours (written by someone else into this collection)
-                if not key.startswith(prefix):
+                item = self._scan_item(snap, prefix, values, now)
+                if item is None:
                     continue
-                if values:
-                    entry = self._entry(snap)
-                    if entry is None or entry.expired(now):
-                        continue
-                    items.append(ScanItem(key, entry))
-                else:
-                    expires = (snap.to_dict() or {}).get(F_EXPIRES)
-                    if isinstance(expires, float | int) and expires <= now:
-                        continue
-                    items.append(ScanItem(key, None))
+                items.append(item)
                 if len(items) >= limit:
                     return items
             if len(snaps) < page_size or (floor is not None and snaps[-1].id <= floor):
                 return items
             floor = snaps[-1].id
+
+    def _scan_item(
+        self, snap: DocumentSnapshot, prefix: str, values: bool, now: float
+    ) -> ScanItem | None:
+        """The scan's item for one document, or None when it is not a live key of ``prefix``."""
+        try:
+            key = decode_id(snap.id)
+        except ValueError:
+            return None  # not ours (written by someone else into this collection)
+        if not key.startswith(prefix):
+            return None
+        if values:
+            entry = self._entry(snap)
+            if entry is None or entry.expired(now):
+                return None
+            return ScanItem(key, entry)
+        # A keys-only scan reads just the expiry, so the entry is not built (or checked).
+        expires = (snap.to_dict() or {}).get(F_EXPIRES)
+        if isinstance(expires, float | int) and expires <= now:
+            return None
+        return ScanItem(key, None)
 
     async def _scopes(
         self, prefix: str, start_after: str | None, limit: int, now: float
@@ -1060,74 +1076,85 @@ class FirestoreKV(KVStore):
         now: float,
         state: list[DocumentSnapshot] | None,
     ) -> tuple[AsyncWriteBatch, list[float | None]]:
-        from google.cloud.firestore import DELETE_FIELD
-
         batch = self.client.batch()
         expiries: list[float | None] = []
         absent = self.client.write_option(exists=False)
-
-        def conflict(index: int, why: str) -> ConflictError:
-            op = ops[index]
-            return ConflictError(
-                f"operation {index} ({type(op).__name__}) failed: {why}",
-                scope=scope,
-                key=op.key,
-                index=index,
-            )
-
         for i, (op, ref) in enumerate(zip(ops, refs, strict=True)):
-            nonce = nonces[i]
             expires_at = self.expires_at(op.ttl, now) if isinstance(op, Create | Replace) else None
             expiries.append(expires_at)
             if state is None:
-                expected = op.expected_version if not isinstance(op, Create) else None
-                pinned = None
-                if expected is not None:
-                    parsed = parse_version(expected)
-                    if parsed is None or (parsed[1] is not None and parsed[1] <= now):
-                        if any(_may_fail(earlier) for earlier in ops[:i]):
-                            # The first failing operation is the one to report, and an
-                            # earlier one may fail on what is stored: read it first.
-                            raise _DecideOnStoredState
-                        raise conflict(i, "version mismatch")
-                    pinned = self._at(parsed[0])
-                if isinstance(op, Create):
-                    batch.create(ref, self._create_data(op.value, expires_at, nonce))
-                elif isinstance(op, Replace):
-                    batch.update(ref, self._update_data(op.value, expires_at, nonce), option=pinned)
-                elif isinstance(op, Delete):
-                    batch.delete(ref, option=pinned)
-                elif pinned is not None:
-                    batch.update(ref, {F_CHECK: DELETE_FIELD}, option=pinned)
-                else:
-                    batch.delete(ref, option=absent)
-                continue
-            snap = state[i]
-            current = self._entry(snap)
-            live = current if current is not None and not current.expired(now) else None
-            stored = self._at(snap.update_time) if current is not None else absent
-            if isinstance(op, Create):
-                if live is not None:
-                    raise conflict(i, "key exists")
-                if current is None:
-                    batch.create(ref, self._create_data(op.value, expires_at, nonce))
-                else:
-                    batch.update(ref, self._update_data(op.value, expires_at, nonce), option=stored)
-                continue
-            expected = op.expected_version
-            if expected is not None and (live is None or live.version != expected):
-                raise conflict(i, "version mismatch")
-            if expected is None and isinstance(op, Check) and live is not None:
-                raise conflict(i, "key exists")
-            if isinstance(op, Replace):
-                batch.update(ref, self._update_data(op.value, expires_at, nonce), option=stored)
-            elif isinstance(op, Delete):
-                batch.delete(ref, option=stored)
-            elif current is not None:
-                batch.update(ref, {F_CHECK: DELETE_FIELD}, option=stored)
+                option = self._pin_to_expected(scope, ops, i, now)
+                exists = option is not None
             else:
-                batch.delete(ref, option=absent)
+                option, exists = self._pin_to_stored(scope, op, i, state[i], now, absent)
+            self._add_write(batch, op, ref, nonces[i], expires_at, option, exists, absent)
         return batch, expiries
+
+    def _pin_to_expected(self, scope: str, ops: list[Operation], index: int, now: float) -> Any:
+        """The precondition of ``ops[index]`` from its expected version alone (nothing read):
+        the document's update time, or None when the operation expects no version."""
+        op = ops[index]
+        expected = op.expected_version if not isinstance(op, Create) else None
+        if expected is None:
+            return None
+        parsed = parse_version(expected)
+        if parsed is None or (parsed[1] is not None and parsed[1] <= now):
+            if any(_may_fail(earlier) for earlier in ops[:index]):
+                # The first failing operation is the one to report, and an
+                # earlier one may fail on what is stored: read it first.
+                raise _DecideOnStoredState
+            raise _operation_failed(scope, op, index, "version mismatch")
+        return self._at(parsed[0])
+
+    def _pin_to_stored(
+        self, scope: str, op: Operation, index: int, snap: DocumentSnapshot, now: float, absent: Any
+    ) -> tuple[Any, bool]:
+        """``(precondition, document exists)`` deciding ``op`` on the stored ``snap``: the
+        write is pinned to that exact state (expired documents count as absent)."""
+        current = self._entry(snap)
+        live = current if current is not None and not current.expired(now) else None
+        stored = self._at(snap.update_time) if current is not None else absent
+        if isinstance(op, Create):
+            if live is not None:
+                raise _operation_failed(scope, op, index, "key exists")
+            return stored, current is not None
+        expected = op.expected_version
+        if expected is not None and (live is None or live.version != expected):
+            raise _operation_failed(scope, op, index, "version mismatch")
+        if expected is None and isinstance(op, Check) and live is not None:
+            raise _operation_failed(scope, op, index, "key exists")
+        return stored, current is not None
+
+    def _add_write(
+        self,
+        batch: AsyncWriteBatch,
+        op: Operation,
+        ref: AsyncDocumentReference,
+        nonce: str,
+        expires_at: float | None,
+        option: Any,
+        exists: bool,
+        absent: Any,
+    ) -> None:
+        """Add ``op``'s write under precondition ``option``; ``exists``: whether that
+        precondition is on an existing document."""
+        from google.cloud.firestore import DELETE_FIELD
+
+        if isinstance(op, Create) and not exists:
+            batch.create(ref, self._create_data(op.value, expires_at, nonce))
+        elif isinstance(op, Create | Replace):
+            # A create over an expired document replaces it, pinned to that document.
+            batch.update(ref, self._update_data(op.value, expires_at, nonce), option=option)
+        elif isinstance(op, Delete):
+            batch.delete(ref, option=option)
+        elif exists:
+            # A Check writes nothing: clearing a field that never exists still carries
+            # the precondition, and changes nothing.
+            batch.update(ref, {F_CHECK: DELETE_FIELD}, option=option)
+        else:
+            # A Check of an absent key: deleting a missing document is a no-op that
+            # still fails if the document appeared.
+            batch.delete(ref, option=absent)
 
     # -- admin --------------------------------------------------------------------------------
 
@@ -1140,6 +1167,15 @@ class FirestoreKV(KVStore):
 
 class _DecideOnStoredState(Exception):
     """A commit's outcome depends on what is stored: read the documents before deciding."""
+
+
+def _operation_failed(scope: str, op: Operation, index: int, why: str) -> ConflictError:
+    return ConflictError(
+        f"operation {index} ({type(op).__name__}) failed: {why}",
+        scope=scope,
+        key=op.key,
+        index=index,
+    )
 
 
 def _may_fail(op: Operation) -> bool:
@@ -1158,6 +1194,36 @@ def _past_scope(base: str, doc_id: str) -> str:
     if len(nxt.encode("utf-8")) <= MAX_ID_BYTES:
         return f"{base}{nxt}/{ENTRIES}/{MARKER}"
     return f"{base}{doc_id}/{ENTRIES}\x01/{MARKER}"
+
+
+def _prefix_id_range(prefix: str) -> tuple[str, str | None] | None:
+    """``(low, high)`` document ids bounding the keys that start with ``prefix`` (``high``
+    exclusive, None for no upper bound), or None when no stored id can start with it."""
+    low = encode_id(prefix)
+    if len(low.encode("utf-8")) > MAX_ID_BYTES:
+        return None
+    upper = prefix_upper_bound(prefix)
+    high = None if upper is None else encode_id(upper)
+    if high is not None and len(high.encode("utf-8")) > MAX_ID_BYTES:
+        high = None  # every stored id is below it; the scan's prefix check filters
+    return low, high
+
+
+def _scan_query(
+    entries: AsyncCollectionReference, bound: str, high: str | None, values: bool
+) -> Any:
+    """A scope's entries from id ``bound`` (inclusive) up to ``high``, in id order; a
+    keys-only scan fetches only the expiry."""
+    from google.cloud.firestore_v1.base_query import FieldFilter
+
+    query = entries.order_by("__name__").where(
+        filter=FieldFilter("__name__", ">=", entries.document(bound))
+    )
+    if high is not None:
+        query = query.where(filter=FieldFilter("__name__", "<", entries.document(high)))
+    if not values:
+        query = query.select([F_EXPIRES])
+    return query
 
 
 def _clip_id(doc_id: str) -> str:
