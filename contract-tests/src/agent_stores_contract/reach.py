@@ -61,25 +61,19 @@ RULES: Mapping[str, str] = {
 }
 
 
+_SESSION_RULES = (
+    "expiry",
+    "expired-not-live",
+    "many-parts",
+    "hand-over",
+    "sliding-ttl",
+    "public-checks",
+)
 #: The rules each port method must be tested on: a run of the whole port contract fails
 #: when an offered method was reached by no test of one of its rules.
 APPLIES: Mapping[str, tuple[str, ...]] = {
-    "acquire": (
-        "expiry",
-        "expired-not-live",
-        "many-parts",
-        "hand-over",
-        "sliding-ttl",
-        "public-checks",
-    ),
-    "save": (
-        "expiry",
-        "expired-not-live",
-        "many-parts",
-        "hand-over",
-        "sliding-ttl",
-        "public-checks",
-    ),
+    "acquire": _SESSION_RULES,
+    "save": _SESSION_RULES,
     "read": ("expiry", "expired-not-live", "many-parts", "public-checks"),
     "write": ("expiry", "expired-not-live", "many-parts", "whole-keys", "public-checks"),
     "append": ("expiry", "expired-not-live", "whole-keys", "public-checks"),
