@@ -61,15 +61,22 @@ def _transaction() -> asyncio.Lock:
 
 
 def _checks_first(
-    kv: KVStore, values: Sequence[tuple[str, str, bytes]], ids: Sequence[tuple[str, str]] = ()
+    kv: KVStore,
+    values: Sequence[tuple[str, str, bytes]],
+    ids: Sequence[tuple[str, str]] = (),
+    ttls: Sequence[float | None] = (),
 ) -> None:
     """The public API's checks, in its order, before anything is written: a closed client,
-    then every id the call writes (``values``' and ``ids``), then the sizes of ``values``."""
+    then every id the call writes (``values``' and ``ids``), the sizes of ``values``, and
+    its TTLs (positive or None)."""
     kv.check_open()
     for scope, key in (*((scope, key) for scope, key, _ in values), *ids):
         kv.check_ids(scope, key)
     for scope, key, value in values:
         kv.check_value(scope, key, value)
+    now = kv.clock()
+    for ttl in ttls:
+        kv.expires_at(ttl, now)
 
 
 async def _raw(kv: KVStore, scope: str, key: str) -> Entry | None:
@@ -349,7 +356,8 @@ class ReferenceMemoryPort:
         written = [(write.scope, write.key, write.value)]
         if index is not None:
             written.append((index.scope, index.key, index.value))
-        _checks_first(kv, written, write.markers)
+        ttls = [write.ttl] if index is None else [write.ttl, index.ttl]
+        _checks_first(kv, written, write.markers, ttls)
         async with _transaction():
             if index is not None and await self.index_taken(index):
                 raise ConflictError("operation already indexed", scope=index.scope, key=index.key)

@@ -1424,6 +1424,48 @@ class PortContract(ContractBase):
                         AppendRequest(f"{ns}/run/closed", "head/j", b"{}", None, "j/a", big, None)
                     )
 
+    @rule("public-checks")
+    async def test_port_methods_refuse_non_positive_ttls(
+        self, client: Client, names: _Seq, ns: str
+    ) -> None:
+        """A TTL of zero or less raises ValueError, as the KV API does for the same TTL, instead of writing an entry that is expired at once: a memory write's record or index entry, a journal append, a session save's state or chunk parts; an acquire raises it or answers GENERIC. Nothing is written."""
+        kv, ports = client.kv, client.ports
+        t = client.clock.now
+        scope = names("ttl")
+        runs = names("ttl-run")
+        directory, _, ops = self._memory_scopes(ns)
+        value = state_value(t, fence=2, released=("store-a", t))
+        version = await put_state(client, scope, value, ttl=100)
+        with pytest.raises(ValueError, match="ttl"):  # the reference: the KV API refuses it
+            await kv.create(directory, "reference.md", b"x", ttl=0)
+        with edge("ttl <= 0"):
+            with pytest.raises(ValueError, match="ttl"):
+                await ports.memory.write(file_write(directory, "f.md", b"f", ttl=0))
+            index = IndexWrite(ops, "op-ttl", b"receipt", -1)
+            with pytest.raises(ValueError, match="ttl"):
+                await ports.memory.write(file_write(directory, "g.md", b"g", index=index))
+            if ports.journal.atomic:
+                with pytest.raises(ValueError, match="ttl"):
+                    await ports.journal.append(
+                        AppendRequest(runs, "head/j", b'{"next":1}', None, "j/a", b"a", 0)
+                    )
+            with pytest.raises(ValueError, match="ttl"):
+                await ports.sessions.save(SaveRequest(scope, value, version, 0, None, []))
+            chunk = ChunkWrite("h/ttl", [b"[]"], t - 5)
+            with pytest.raises(ValueError, match="ttl"):
+                await ports.sessions.save(SaveRequest(scope, value, version, 100, -5, [chunk]))
+            try:
+                reply = await ports.sessions.acquire(acquire_request(scope, t, ttl_seconds=0))
+            except ValueError:
+                pass
+            else:
+                assert reply.outcome == "generic", f"an acquire with ttl 0 answered {reply.outcome}"
+        assert await stored(kv, scope) == (value, version), "a refused call changed the state"
+        assert [item.key for item in await kv.scan(scope)] == [STATE_KEY], "a part was stored"
+        assert await kv.scan(directory) == [], "a refused memory write stored something"
+        assert await kv.scan(ops) == [], "a refused memory write stored its index entry"
+        assert await kv.scan(runs) == [], "a refused append wrote something"
+
     @rule("many-parts")
     async def test_memory_files_of_many_chunks_read_back_in_order(
         self, client: Client, ns: str

@@ -1,8 +1,8 @@
 """The native PostgreSQL ports apply the public KV API's checks, and the native acquire
 writes exactly the bytes ``acquired_state`` makes (issue 24).
 
-Invalid ids, oversized values and a closed client are the port contract's (on every
-backend); here TTLs of zero or less, and the acquire's bytes.
+Invalid ids, oversized values, TTLs of zero or less and a closed client are the port
+contract's (on every backend); here the acquire's bytes.
 
 Each check test first shows what the KV API does with an input (the reference the generic
 ports inherit, since they write through it), then that every native port method given
@@ -24,7 +24,6 @@ from agent_stores.memory.port import FileWrite, IndexWrite
 from agent_stores.sessions import SessionStore
 from agent_stores.sessions.port import (
     AcquireRequest,
-    ChunkWrite,
     SaveRequest,
     acquired_state,
     fresh_state,
@@ -39,7 +38,6 @@ from agent_stores.sessions.records import (
     encode_state,
 )
 from agent_stores_postgres.kv import PostgresKV
-from agent_stores_postgres.ports import PostgresJournalPort, PostgresMemoryPort
 from agent_stores_postgres.sessions import PostgresSessionPort
 from pg_test_support import with_options
 
@@ -126,31 +124,6 @@ def released_state(now: float, *, tail: bytes = EMPTY_ARRAY, chunked: bool = Tru
 async def saved_session(kv: PostgresKV, scope: str) -> str:
     now = kv.clock()
     return await kv.create(scope, STATE_KEY, fresh_state("seed", now + 10, now))
-
-
-async def test_ports_refuse_non_positive_ttls(kv: PostgresKV) -> None:
-    """A TTL of zero or less raises ValueError, as the KV API does, instead of writing an
-    entry that is expired at once."""
-    version = await saved_session(kv, "s")
-    with pytest.raises(ValueError, match="ttl"):
-        await kv.create("dir", "f.md", b"x", ttl=0)
-    memory = PostgresMemoryPort(kv)
-    with pytest.raises(ValueError, match="ttl"):
-        await memory.write(memory_write(ttl=0))
-    with pytest.raises(ValueError, match="ttl"):
-        await memory.write(memory_write(index=IndexWrite("ops", "op", b"receipt", -1)))
-    with pytest.raises(ValueError, match="ttl"):
-        await PostgresJournalPort(kv).append(append(ttl=0))
-    sessions = PostgresSessionPort(kv)
-    with pytest.raises(ValueError, match="ttl"):
-        await sessions.save(SaveRequest("s", b"state", version, 0, None, []))
-    chunk = ChunkWrite("h/c", [b"[]"], None)
-    with pytest.raises(ValueError, match="ttl"):
-        await sessions.save(SaveRequest("s", b"state", version, None, -5, [chunk]))
-    with pytest.raises(ValueError, match="ttl"):
-        await sessions.acquire(dataclasses.replace(acquire("fresh"), ttl_seconds=0))
-    assert await kv.scopes() == ["s"]
-    assert [item.key for item in await kv.scan("s")] == [STATE_KEY]
 
 
 @pytest.mark.parametrize("float_digits", [None, "0"], ids=["default", "extra_float_digits=0"])

@@ -108,6 +108,11 @@ class KVMemoryPort:
 
     async def write(self, write: FileWrite) -> str:
         """Markers (in parallel), the record's create or replace, then the index entry."""
+        # A bad TTL of the index entry must not leave the record written before it.
+        now = self.kv.clock()
+        self.kv.expires_at(write.ttl, now)
+        if write.index is not None:
+            self.kv.expires_at(write.index.ttl, now)
         if write.markers:
             await asyncio.gather(*(self._mark(scope, key) for scope, key in write.markers))
         if write.expected_version is None:

@@ -153,6 +153,10 @@ class KVSessionPort:
 
     async def save(self, request: SaveRequest) -> str:
         """Chunk parts first (in parallel), then one CAS on ``state``."""
+        # A bad TTL of the state must not leave the chunk parts written before it.
+        now = self.kv.clock()
+        self.kv.expires_at(request.ttl_seconds, now)
+        self.kv.expires_at(request.chunk_ttl_seconds, now)
         creates = [
             self._create_part(request.scope, f"{c.key}/{i}", part, request.chunk_ttl_seconds)
             for c in request.chunks
