@@ -22,10 +22,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent_stores import KVStore
-from agent_stores.checkpointer.port import AppendOutcome, AppendRequest, JournalPort
+from agent_stores.checkpointer.port import AppendOutcome, AppendRequest, JournalPort, check_append
 from agent_stores.errors import ConflictError
 from agent_stores.kv.base import Entry
-from agent_stores.memory.port import MARKER_VALUE, FileWrite, IndexWrite, MemoryPort
+from agent_stores.memory.port import (
+    MARKER_VALUE,
+    FileWrite,
+    IndexWrite,
+    MemoryPort,
+    check_file_write,
+)
 from agent_stores.sessions.port import (
     GENERIC,
     AcquireReply,
@@ -58,25 +64,6 @@ def _transaction() -> asyncio.Lock:
     if lock is None:
         lock = _LOCKS[loop] = asyncio.Lock()
     return lock
-
-
-def _checks_first(
-    kv: KVStore,
-    values: Sequence[tuple[str, str, bytes]],
-    ids: Sequence[tuple[str, str]] = (),
-    ttls: Sequence[float | None] = (),
-) -> None:
-    """The public API's checks, in its order, before anything is written: a closed client,
-    then every id the call writes (``values``' and ``ids``), the sizes of ``values``, and
-    its TTLs (positive or None)."""
-    kv.check_open()
-    for scope, key in (*((scope, key) for scope, key, _ in values), *ids):
-        kv.check_ids(scope, key)
-    for scope, key, value in values:
-        kv.check_value(scope, key, value)
-    now = kv.clock()
-    for ttl in ttls:
-        kv.expires_at(ttl, now)
 
 
 async def _raw(kv: KVStore, scope: str, key: str) -> Entry | None:
@@ -353,11 +340,7 @@ class ReferenceMemoryPort:
     async def write(self, write: FileWrite) -> str:
         kv = self.kv
         index = write.index
-        written = [(write.scope, write.key, write.value)]
-        if index is not None:
-            written.append((index.scope, index.key, index.value))
-        ttls = [write.ttl] if index is None else [write.ttl, index.ttl]
-        _checks_first(kv, written, write.markers, ttls)
+        check_file_write(kv, write)
         async with _transaction():
             if index is not None and await self.index_taken(index):
                 raise ConflictError("operation already indexed", scope=index.scope, key=index.key)
@@ -437,13 +420,7 @@ class ReferenceJournalPort:
 
     async def append(self, request: AppendRequest) -> AppendOutcome:
         kv = self.kv
-        _checks_first(
-            kv,
-            [
-                (request.scope, request.head_key, request.head_value),
-                (request.scope, request.key, request.value),
-            ],
-        )
+        check_append(kv, request)
         async with _transaction():
             found = await self.existing(request.scope, request.key)
             if found is not None:

@@ -50,8 +50,21 @@ from .kv.base import (
 from .url import MASK, StoreURL, check_options, redact
 
 if TYPE_CHECKING:
-    from .checkpointer.port import AppendOutcome, AppendRequest, JournalPort, KVJournalPort
-    from .memory.port import MARKER_VALUE, FileWrite, IndexWrite, KVMemoryPort, MemoryPort
+    from .checkpointer.port import (
+        AppendOutcome,
+        AppendRequest,
+        JournalPort,
+        KVJournalPort,
+        check_append,
+    )
+    from .memory.port import (
+        MARKER_VALUE,
+        FileWrite,
+        IndexWrite,
+        KVMemoryPort,
+        MemoryPort,
+        check_file_write,
+    )
     from .native import NativePorts
     from .sessions import SessionStore
     from .sessions.port import (
@@ -66,6 +79,7 @@ if TYPE_CHECKING:
         SessionPort,
         acquired_header,
         acquired_state,
+        check_save,
         fresh_state,
     )
     from .sessions.records import (
@@ -96,6 +110,7 @@ _LAZY = {
             "SessionPort",
             "acquired_header",
             "acquired_state",
+            "check_save",
             "fresh_state",
         ],
         "agent_stores.sessions.port",
@@ -118,11 +133,18 @@ _LAZY = {
     "SessionStore": "agent_stores.sessions",
     "NativePorts": "agent_stores.native",
     **dict.fromkeys(
-        ["MARKER_VALUE", "FileWrite", "IndexWrite", "KVMemoryPort", "MemoryPort"],
+        [
+            "MARKER_VALUE",
+            "FileWrite",
+            "IndexWrite",
+            "KVMemoryPort",
+            "MemoryPort",
+            "check_file_write",
+        ],
         "agent_stores.memory.port",
     ),
     **dict.fromkeys(
-        ["AppendOutcome", "AppendRequest", "JournalPort", "KVJournalPort"],
+        ["AppendOutcome", "AppendRequest", "JournalPort", "KVJournalPort", "check_append"],
         "agent_stores.checkpointer.port",
     ),
 }
@@ -194,7 +216,10 @@ __all__ = [
     "ValueTooLargeError",
     "acquired_header",
     "acquired_state",
+    "check_append",
+    "check_file_write",
     "check_options",
+    "check_save",
     "decode_state",
     "encode_state",
     "fresh_state",

@@ -30,6 +30,8 @@ from agent_stores.backend import (
     AppendRequest,
     Entry,
     FileWrite,
+    check_append,
+    check_file_write,
     new_version,
 )
 from agent_stores.errors import ConflictError
@@ -187,17 +189,9 @@ class PostgresMemoryPort:
     async def write(self, write: FileWrite) -> str:
         """Record, receipt index entry and markers in one statement (one commit)."""
         kv = self.kv
-        kv.check_open()
-        # The generic port's order: markers, record, index (each a KV create/replace).
+        check_file_write(kv, write)
         markers = write.markers
-        for scope, key in markers:
-            kv.check_ids(scope, key)
-        kv.check_ids(write.scope, write.key)
-        kv.check_value(write.scope, write.key, write.value)
         index = write.index
-        if index is not None:
-            kv.check_ids(index.scope, index.key)
-            kv.check_value(index.scope, index.key, index.value)
         now = kv.clock()
         version = new_version()
         params: dict[str, Any] = {
@@ -263,12 +257,7 @@ class PostgresJournalPort:
     async def append(self, request: AppendRequest) -> AppendOutcome:
         """Counter and entry in one statement (one commit)."""
         kv = self.kv
-        kv.check_open()
-        # What the core's two-step append checks: the counter's CAS, then the entry's create.
-        kv.check_ids(request.scope, request.head_key)
-        kv.check_value(request.scope, request.head_key, request.head_value)
-        kv.check_ids(request.scope, request.key)
-        kv.check_value(request.scope, request.key, request.value)
+        check_append(kv, request)
         now = kv.clock()
         version = new_version()
         head_version = new_version()

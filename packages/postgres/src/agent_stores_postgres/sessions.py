@@ -45,6 +45,7 @@ from agent_stores.backend import (
     AcquireRequest,
     SaveRequest,
     acquired_header,
+    check_save,
     new_version,
 )
 from agent_stores.errors import ConfigError, ConflictError
@@ -308,24 +309,16 @@ class PostgresSessionPort:
     async def save(self, request: SaveRequest) -> str:
         """The chunk parts and the fenced state swap in one statement (one commit)."""
         kv = self.kv
-        kv.check_open()
+        check_save(kv, request)
         keys: list[str] = []
         values: list[bytes] = []
         expiries: list[float | None] = []
-        # The generic port's order: the parts' creates, then the state's replace.
         for chunk in request.chunks:
             for i, part in enumerate(chunk.parts):
-                key = f"{chunk.key}/{i}"
-                kv.check_ids(request.scope, key)
-                kv.check_value(request.scope, key, part)
-                keys.append(key)
+                keys.append(f"{chunk.key}/{i}")
                 values.append(bytes(part))
                 expiries.append(chunk.expires_at)
-        kv.check_ids(request.scope, STATE_KEY)
-        kv.check_value(request.scope, STATE_KEY, request.state)
         now = kv.clock()
-        if keys:
-            kv.expires_at(request.chunk_ttl_seconds, now)  # the generic creates' TTL check
         version = new_version()
         params: dict[str, Any] = {
             "scope": request.scope,

@@ -19,7 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_stores.backend import MARKER_VALUE, Entry, FileWrite, KVMemoryPort, new_version
+from agent_stores.backend import (
+    MARKER_VALUE,
+    Entry,
+    FileWrite,
+    KVMemoryPort,
+    check_file_write,
+    new_version,
+)
 from agent_stores.errors import ConflictError
 
 from . import lua
@@ -85,15 +92,8 @@ class RedisMemoryPort:
             return await self._generic.write(write)
         kv = self.kv
         layout = kv.layout
+        check_file_write(kv, write)
         now = kv.clock()
-        # The public API's checks, in its order (closed, ids, sizes), before the script.
-        kv.check_open()
-        kv.check_ids(write.scope, write.key)
-        for scope, key in write.markers:
-            kv.check_ids(scope, key)
-        if write.index is not None:
-            kv.check_ids(write.index.scope, write.index.key)
-        kv.check_value(write.scope, write.key, write.value)
         version = new_version()
         expires_at = kv.expires_at(write.ttl, now)
         keys: list[bytes] = [layout.entry(write.scope, write.key), layout.index(write.scope)]
@@ -108,7 +108,6 @@ class RedisMemoryPort:
         ]
         index = write.index
         if index is not None:
-            kv.check_value(index.scope, index.key, index.value)
             index_expiry = kv.expires_at(index.ttl, now)
             keys += [layout.entry(index.scope, index.key), layout.index(index.scope)]
             args += [

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..checkpointer.port import AppendOutcome, AppendRequest
+from ..checkpointer.port import AppendOutcome, AppendRequest, check_append
 from ..errors import ConflictError
 from ..kv.base import Entry
-from ..memory.port import MARKER_VALUE, FileWrite
-from ..sessions.port import GENERIC, AcquireReply, AcquireRequest, SaveRequest
+from ..memory.port import MARKER_VALUE, FileWrite, check_file_write
+from ..sessions.port import GENERIC, AcquireReply, AcquireRequest, SaveRequest, check_save
 from ..sessions.records import STATE_KEY
 from .sqlite import SQLiteKV
 
@@ -43,16 +43,8 @@ class SQLiteMemoryPort:
     async def write(self, write: FileWrite) -> str:
         """Index absent → record CAS → index → markers, all in one transaction."""
         kv = self.kv
-        kv.check_open()
-        # The generic port's order: markers, record, index (each a KV create/replace).
-        for scope, key in write.markers:
-            kv.check_ids(scope, key)
-        kv.check_ids(write.scope, write.key)
-        kv.check_value(write.scope, write.key, write.value)
+        check_file_write(kv, write)
         index = write.index
-        if index is not None:
-            kv.check_ids(index.scope, index.key)
-            kv.check_value(index.scope, index.key, index.value)
         now = kv.clock()
         record_expiry = kv.expires_at(write.ttl, now)
         index_expiry = None if index is None else kv.expires_at(index.ttl, now)
@@ -97,21 +89,13 @@ class SQLiteSessionPort:
     async def save(self, request: SaveRequest) -> str:
         """Chunk parts and the fenced state swap in one transaction."""
         kv = self.kv
-        kv.check_open()
+        check_save(kv, request)
         parts = [
             (f"{chunk.key}/{i}", part, chunk.expires_at)
             for chunk in request.chunks
             for i, part in enumerate(chunk.parts)
         ]
-        # The generic port's order: the parts' creates, then the state's replace.
-        for key, part, _ in parts:
-            kv.check_ids(request.scope, key)
-            kv.check_value(request.scope, key, part)
-        kv.check_ids(request.scope, STATE_KEY)
-        kv.check_value(request.scope, STATE_KEY, request.state)
         now = kv.clock()
-        if parts:
-            kv.expires_at(request.chunk_ttl_seconds, now)  # the generic creates' TTL check
         state_expiry = kv.expires_at(request.ttl_seconds, now)
 
         def op(c: sqlite3.Connection) -> str:
@@ -146,12 +130,7 @@ class SQLiteJournalPort:
     async def append(self, request: AppendRequest) -> AppendOutcome:
         """See :meth:`~agent_stores.checkpointer.port.JournalPort.append`."""
         kv = self.kv
-        kv.check_open()
-        # What the core's two-step append checks: the counter's CAS, then the entry's create.
-        kv.check_ids(request.scope, request.head_key)
-        kv.check_value(request.scope, request.head_key, request.head_value)
-        kv.check_ids(request.scope, request.key)
-        kv.check_value(request.scope, request.key, request.value)
+        check_append(kv, request)
         now = kv.clock()
         expiry = kv.expires_at(request.ttl, now)
 

@@ -20,9 +20,12 @@ core and run unchanged over every port.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..kv.base import Entry
+
+if TYPE_CHECKING:
+    from ..kv.base import KVStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,18 @@ class AppendOutcome:
     head_version: str | None
     #: the entry already stored under ``key``, when known (None: read it back)
     existing: Entry | None
+
+
+def check_append(kv: KVStore, request: AppendRequest) -> None:
+    """Refuse, before anything is written, all that the public KV API would refuse in
+    ``request``, in the core's two-step order: a closed client; the counter, then the entry
+    (id, then size); the TTL. A native port calls this first."""
+    kv.check_open()
+    kv.check_ids(request.scope, request.head_key)
+    kv.check_value(request.scope, request.head_key, request.head_value)
+    kv.check_ids(request.scope, request.key)
+    kv.check_value(request.scope, request.key, request.value)
+    kv.expires_at(request.ttl, kv.clock())
 
 
 @runtime_checkable

@@ -69,6 +69,29 @@ class FileWrite:
     markers: Sequence[tuple[str, str]]
 
 
+def check_file_write(kv: KVStore, write: FileWrite) -> None:
+    """Refuse, before anything is written, all that the public KV API would refuse in
+    ``write``, in :class:`KVMemoryPort`'s order: a closed client; each marker, the record
+    and the index entry (id, then size); their TTLs. A native port calls this first, so it
+    refuses exactly what the generic port does."""
+    kv.check_open()
+    for scope, key in write.markers:
+        kv.check_ids(scope, key)
+    kv.check_ids(write.scope, write.key)
+    kv.check_value(write.scope, write.key, write.value)
+    if write.index is not None:
+        kv.check_ids(write.index.scope, write.index.key)
+        kv.check_value(write.index.scope, write.index.key, write.index.value)
+    _check_ttls(kv, write)
+
+
+def _check_ttls(kv: KVStore, write: FileWrite) -> None:
+    now = kv.clock()
+    kv.expires_at(write.ttl, now)
+    if write.index is not None:
+        kv.expires_at(write.index.ttl, now)
+
+
 @runtime_checkable
 class MemoryPort(Protocol):
     """The memory operations a backend may implement natively."""
@@ -109,10 +132,7 @@ class KVMemoryPort:
     async def write(self, write: FileWrite) -> str:
         """Markers (in parallel), the record's create or replace, then the index entry."""
         # A bad TTL of the index entry must not leave the record written before it.
-        now = self.kv.clock()
-        self.kv.expires_at(write.ttl, now)
-        if write.index is not None:
-            self.kv.expires_at(write.index.ttl, now)
+        _check_ttls(self.kv, write)
         if write.markers:
             await asyncio.gather(*(self._mark(scope, key) for scope, key in write.markers))
         if write.expected_version is None:

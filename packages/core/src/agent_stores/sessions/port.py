@@ -127,6 +127,29 @@ class SaveRequest:
     chunks: Sequence[ChunkWrite]
 
 
+def check_save(kv: KVStore, request: SaveRequest) -> None:
+    """Refuse, before anything is written, all that the public KV API would refuse in
+    ``request``, in :class:`KVSessionPort`'s order: a closed client; each chunk part, then
+    the state (id, then size); the parts' TTL (when there are parts), then the state's. A
+    native port calls this first, so it refuses exactly what the generic port does."""
+    kv.check_open()
+    for chunk in request.chunks:
+        for i, part in enumerate(chunk.parts):
+            key = f"{chunk.key}/{i}"
+            kv.check_ids(request.scope, key)
+            kv.check_value(request.scope, key, part)
+    kv.check_ids(request.scope, STATE_KEY)
+    kv.check_value(request.scope, STATE_KEY, request.state)
+    _check_save_ttls(kv, request)
+
+
+def _check_save_ttls(kv: KVStore, request: SaveRequest) -> None:
+    now = kv.clock()
+    if any(chunk.parts for chunk in request.chunks):
+        kv.expires_at(request.chunk_ttl_seconds, now)
+    kv.expires_at(request.ttl_seconds, now)
+
+
 @runtime_checkable
 class SessionPort(Protocol):
     """The operations of a turn that a backend may implement natively (see the module doc)."""
@@ -154,9 +177,7 @@ class KVSessionPort:
     async def save(self, request: SaveRequest) -> str:
         """Chunk parts first (in parallel), then one CAS on ``state``."""
         # A bad TTL of the state must not leave the chunk parts written before it.
-        now = self.kv.clock()
-        self.kv.expires_at(request.ttl_seconds, now)
-        self.kv.expires_at(request.chunk_ttl_seconds, now)
+        _check_save_ttls(self.kv, request)
         creates = [
             self._create_part(request.scope, f"{c.key}/{i}", part, request.chunk_ttl_seconds)
             for c in request.chunks
