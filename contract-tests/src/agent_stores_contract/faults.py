@@ -524,7 +524,12 @@ class FaultContract(ContractBase):
                 operation=operation,
             )
         # On the backend's native path: at its transport, or (embedded backends, whose
-        # KV-level injector carries their native ports) on a whole port call.
+        # KV-level injector carries their native ports) on a whole port call. A KV-level
+        # injector on a store without a native session port would only repeat the above.
+        if isinstance(injector, KVFaultInjector):
+            probe = await opened()
+            if probe.ports is None or probe.ports.session is None:
+                return
         own = [f for f, kind in injector.faults.items() if kind is FaultKind.LOST_REPLY]
         for fault in own:
             await self.lost_reply_turns(
