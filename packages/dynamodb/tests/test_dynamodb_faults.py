@@ -371,18 +371,16 @@ async def test_lost_reply_on_session_saves(
     ]
 
 
-# -- contention: 4 workers x 5 turns on one session --------------------------------------
+# -- contention: 4 workers x 10 turns on one session --------------------------------------
 
 
 @pytest.mark.timeout(600)
 async def test_four_workers_share_a_session_under_conflicts_and_throttling(
     dynamodb_url: str, injector: DynamoDBFaultInjector
 ) -> None:
-    """4 workers (each its own client and session store) x 5 turns on one session, 30 %
-    of requests faulted with conflicts and throttling: 40 messages, each worker's turns in
-    order, each turn's pair adjacent, and never two turns at once. (5 turns, not 10: the
-    contention is the same from the second round on, and CI time is better spent on the
-    contract's fault mode, which runs these faults on every store.)"""
+    """4 workers (each its own client and session store) x 10 turns on one session, 30 %
+    of requests faulted with conflicts and throttling: 80 messages, each worker's turns in
+    order, each turn's pair adjacent, and never two turns at once."""
     setup = await injector.open_kv(StoreURL.parse(dynamodb_url))
     await setup.setup()
     await setup.aclose()
@@ -396,7 +394,7 @@ async def test_four_workers_share_a_session_under_conflicts_and_throttling(
         kv = await injector.open_kv(StoreURL.parse(dynamodb_url))
         try:
             async with open_sessions(kv) as sessions:
-                for t in range(5):
+                for t in range(10):
                     tag = f"w{w}-t{t}"
 
                     async def turn(tag: str = tag) -> None:
@@ -421,13 +419,13 @@ async def test_four_workers_share_a_session_under_conflicts_and_throttling(
         history = await sessions.read_messages("shared")
     assert history is not None
     texts = [prompt_of(m) for m in history]
-    assert len(texts) == 40, texts
+    assert len(texts) == 80, texts
     assert overlaps == 0
-    for i in range(0, 40, 2):
+    for i in range(0, 80, 2):
         assert texts[i].startswith("q ") and texts[i + 1] == "a " + texts[i][2:], texts[i : i + 2]
     for w in range(4):
         mine = [t for t in texts if t.startswith(f"q w{w}-")]
-        assert mine == [f"q w{w}-t{t}" for t in range(5)]
+        assert mine == [f"q w{w}-t{t}" for t in range(10)]
     counts = injector.injected()
     assert sum(counts.values()) > 0 and set(counts) <= set(CONTENTION), counts
 
