@@ -528,7 +528,7 @@ class FaultContract(ContractBase):
         # injector on a store without a native session port would only repeat the above.
         if isinstance(injector, KVFaultInjector):
             probe = await opened()
-            if probe.ports is None or probe.ports.session is None:
+            if probe.ports.session is None:
                 return
         own = [f for f, kind in injector.faults.items() if kind is FaultKind.LOST_REPLY]
         for fault in own:

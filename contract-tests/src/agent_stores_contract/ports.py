@@ -4,8 +4,8 @@ A backend's native ports (``docs/plugins.md``, "Native paths") replace the core'
 KV algorithms: :class:`~agent_stores.sessions.port.SessionPort` (acquire + load, save +
 release), :class:`~agent_stores.memory.port.MemoryPort` (read, write with receipt index
 and directory markers) and :class:`~agent_stores.checkpointer.port.JournalPort` (append).
-:class:`PortContract` obtains the ports the backend's plugin hooks offer for a client
-(``agent_stores.native``; the generic KV ports where a backend offers none), calls each
+:class:`PortContract` obtains the native ports a client carries (``kv.ports``, which the
+backend's plugin hooks fill; the generic KV ports where a backend offers none), calls each
 method through its public interface the way the KV contract calls the ``_`` primitives,
 and runs the stores on exactly those ports. Every rule is checked on the store's clock,
 moved by the suite (a :class:`StoreClock` shared by the test's clients, frozen between
@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 
 import pytest
 import pytest_asyncio
-from agent_stores import KVStore, native
+from agent_stores import KVStore
 from agent_stores.checkpointer import Checkpointer, JournalEvent
 from agent_stores.checkpointer.port import (
     AppendOutcome,
@@ -142,11 +142,11 @@ PortMaker = Callable[[KVStore], PortSet]
 
 
 def backend_ports(kv: KVStore, *, generic: bool = False) -> PortSet:
-    """The ports the backend's plugin hooks offer for ``kv`` (as every store asks), the
-    core's generic KV ports for what it does not offer (or for everything: ``generic``)."""
-    sessions = None if generic else native.session_port(kv)
-    memory = None if generic else native.memory_port(kv)
-    journal = None if generic else native.journal_port(kv)
+    """The native ports ``kv`` carries (``kv.ports``, as every store reads them), the
+    core's generic KV ports for what it has none of (or for everything: ``generic``)."""
+    sessions = None if generic else kv.ports.session
+    memory = None if generic else kv.ports.memory
+    journal = None if generic else kv.ports.journal
     return PortSet(
         sessions or KVSessionPort(kv),
         memory or KVMemoryPort(kv),

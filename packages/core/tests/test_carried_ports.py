@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from agent_stores import BackendUnavailableError
+from agent_stores.backend import NativePorts
 from agent_stores.backends.sqlite import SQLiteKV
 from agent_stores.backends.sqlite_ports import SQLiteJournalPort, SQLiteMemoryPort
 from agent_stores.checkpointer import Checkpointer, JournalEvent, make_step_id
@@ -19,7 +20,6 @@ from agent_stores.kv.counting import CountingKV
 from agent_stores.kv.faulty import KVFaultInjector
 from agent_stores.memory import KVMemoryStore
 from agent_stores.memory.port import KVMemoryPort
-from agent_stores.native import NativePorts
 from agent_stores.sessions import SessionStore
 from agent_stores.sessions.port import KVSessionPort
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         KVJournalPort,
         check_append,
     )
+    from .kv.ports import GENERIC_ONLY, NativePorts
     from .memory.port import (
         MARKER_VALUE,
         FileWrite,
@@ -65,7 +66,6 @@ if TYPE_CHECKING:
         MemoryPort,
         check_file_write,
     )
-    from .native import NativePorts
     from .sessions import SessionStore
     from .sessions.port import (
         GENERIC,
@@ -131,7 +131,7 @@ _LAZY = {
         "agent_stores.sessions.records",
     ),
     "SessionStore": "agent_stores.sessions",
-    "NativePorts": "agent_stores.native",
+    **dict.fromkeys(["GENERIC_ONLY", "NativePorts"], "agent_stores.kv.ports"),
     **dict.fromkeys(
         [
             "MARKER_VALUE",
@@ -162,6 +162,7 @@ __all__ = [
     "DEFAULT_DEADLINE_SECONDS",
     "FORMAT",
     "GENERIC",
+    "GENERIC_ONLY",
     "HEADER_START",
     "KEPT_FIELDS",
     "MARKER_VALUE",

@@ -1,17 +1,20 @@
-"""Native ports: what a store uses when it is built without an explicit port.
+"""Port resolution, part of the selection layer: which native ports a KV store carries.
 
-A KV store's :attr:`~agent_stores.kv.base.KVStore.ports`, when set, decides (a wrapper such
-as :class:`~agent_stores.kv.counting.CountingKV` carries its inner store's ports that way);
-otherwise the plugins' ``session_port``, ``memory_port`` and ``journal_port`` hooks are
-asked.
+A KV store's :attr:`~agent_stores.kv.base.KVStore.ports` are resolved once per store: a
+store whose builder set them (a wrapper such as :class:`~agent_stores.kv.counting.CountingKV`
+carries its inner store's; a user may set them) keeps them; otherwise :func:`ports_of`,
+installed here as the KV layer's resolver, asks the plugins' ``session_port``,
+``memory_port`` and ``journal_port`` hooks — when :func:`agent_stores.open_kv` opens the
+store (:func:`resolve_ports`), or when a store on a KV store constructed directly first
+reads them. The stores read ``kv.ports`` and never ask the plugins themselves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from .errors import ConfigError
+from .kv.ports import NativePorts, install_port_resolver
 from .plugins import get_registry
 
 if TYPE_CHECKING:
@@ -20,14 +23,7 @@ if TYPE_CHECKING:
     from .memory.port import MemoryPort
     from .sessions.port import SessionPort
 
-
-@dataclass(frozen=True, slots=True)
-class NativePorts:
-    """The native ports of one KV store; None where the core's generic port serves."""
-
-    session: SessionPort | None = None
-    memory: MemoryPort | None = None
-    journal: JournalPort | None = None
+__all__ = ["NativePorts", "ports_of", "resolve_ports"]
 
 
 def _checked(hook: str, result: Any, protocol: type) -> Any:
@@ -42,9 +38,7 @@ def _checked(hook: str, result: Any, protocol: type) -> Any:
 
 
 def session_port(kv: KVStore) -> SessionPort | None:
-    """The native session port of ``kv`` (its own ``ports``, else a plugin's), or None."""
-    if kv.ports is not None:
-        return kv.ports.session
+    """The native session port the plugins offer for ``kv``, or None."""
     from .sessions.port import SessionPort
 
     port = _checked("session_port", get_registry().hook.session_port(kv=kv), SessionPort)
@@ -52,9 +46,7 @@ def session_port(kv: KVStore) -> SessionPort | None:
 
 
 def memory_port(kv: KVStore) -> MemoryPort | None:
-    """The native memory port of ``kv`` (its own ``ports``, else a plugin's), or None."""
-    if kv.ports is not None:
-        return kv.ports.memory
+    """The native memory port the plugins offer for ``kv``, or None."""
     from .memory.port import MemoryPort
 
     port = _checked("memory_port", get_registry().hook.memory_port(kv=kv), MemoryPort)
@@ -62,9 +54,7 @@ def memory_port(kv: KVStore) -> MemoryPort | None:
 
 
 def journal_port(kv: KVStore) -> JournalPort | None:
-    """The native journal port of ``kv`` (its own ``ports``, else a plugin's), or None."""
-    if kv.ports is not None:
-        return kv.ports.journal
+    """The native journal port the plugins offer for ``kv``, or None."""
     from .checkpointer.port import JournalPort
 
     port = _checked("journal_port", get_registry().hook.journal_port(kv=kv), JournalPort)
@@ -72,5 +62,14 @@ def journal_port(kv: KVStore) -> JournalPort | None:
 
 
 def ports_of(kv: KVStore) -> NativePorts:
-    """Every native port of ``kv``."""
+    """Every native port the plugins offer for ``kv``."""
     return NativePorts(session_port(kv), memory_port(kv), journal_port(kv))
+
+
+def resolve_ports(kv: KVStore) -> KVStore:
+    """Resolve ``kv``'s native ports now (its own, else the plugins'); returns ``kv``."""
+    _ = kv.ports
+    return kv
+
+
+install_port_resolver(ports_of)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import BackendNotInstalledError, ConfigError, UnknownSchemeError
 from .kv.base import KVStore
+from .native import resolve_ports
 from .plugins import get_registry, resolve_import_string
 from .url import StoreURL, redact
 
@@ -59,14 +60,17 @@ def open_kv(url: UrlLike | KVStore | Any | None = None, **options: Any) -> KVSto
     """Open the KV store for ``url`` (a string, a :class:`StoreURL`, a ready client or a KVStore).
 
     ``None`` uses :func:`default_url`. No I/O happens here: backends connect on first use.
-    ``options`` go to the backend factory.
+    ``options`` go to the backend factory. The store comes back with its native ports
+    resolved (:attr:`KVStore.ports <agent_stores.kv.base.KVStore.ports>`: the plugins'
+    port hooks are asked now, unless the store names its own), so every store built on it
+    takes them from there.
     """
     if isinstance(url, KVStore):
-        return url
+        return resolve_ports(url)
     if url is None:
         url = default_url()
     if not isinstance(url, str | StoreURL):
-        return _kv_from_client(url, options)
+        return resolve_ports(_kv_from_client(url, options))
     parsed = StoreURL.parse(url)
     factory = resolve_backend(parsed.scheme)
     store = factory(parsed, **options)
@@ -74,7 +78,7 @@ def open_kv(url: UrlLike | KVStore | Any | None = None, **options: Any) -> KVSto
         raise ConfigError(
             detail=f"the factory for {parsed.scheme}:// returned {type(store).__name__}, not a KVStore"
         )
-    return store
+    return resolve_ports(store)
 
 
 def resolve_backend(scheme: str) -> Any:

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Generic, TypeVar
 
-from .. import native
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import Entry, KVStore
 from ..options import UNSET, renamed_option
@@ -155,7 +154,7 @@ class RunSpace:
         self.scope_prefix = scope_prefix
         self.ttl = ttl
         #: the backend's native journal port, or the generic one
-        self.port: JournalPort = port or native.journal_port(kv) or KVJournalPort()
+        self.port: JournalPort = port or kv.ports.journal or KVJournalPort()
         # run_id -> (absolute expiry or inf, monotonic time it was checked): presence means
         # "indexed, as far as this process knows".
         self._anchors: LRU[str, tuple[float, float]] = LRU(_CACHE_RUNS)

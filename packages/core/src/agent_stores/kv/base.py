@@ -36,9 +36,10 @@ from ..errors import (
     ValueTooLargeError,
 )
 from ..lifecycle import AsyncCloseable
+from .ports import resolve_default_ports
 
 if TYPE_CHECKING:
-    from ..native import NativePorts
+    from .ports import NativePorts
 
 Clock = Callable[[], float]
 
@@ -200,15 +201,30 @@ class KVStore(AsyncCloseable, ABC):
     #: BackendUnavailableError (None: unbounded). Backends set it from ``?deadline=``.
     deadline_seconds: float | None = DEFAULT_DEADLINE_SECONDS
 
-    #: The native ports stores use on this KV store when it names them itself: a wrapper
-    #: (:class:`~agent_stores.kv.counting.CountingKV`, a fault injector's) carries its inner
-    #: store's ports this way, so a store built on the wrapper still runs the backend's own
-    #: code. None: the plugins' ``session_port``/``memory_port``/``journal_port`` hooks decide.
-    ports: NativePorts | None = None
+    _ports: NativePorts | None = None
 
     def __init__(self, *, clock: Clock | None = None) -> None:
         self.clock: Clock = clock or time.time
         self._closed = False
+
+    @property
+    def ports(self) -> NativePorts:
+        """The native ports the stores built on this KV store use (:mod:`agent_stores.kv.ports`).
+
+        Resolved once per KV store, when :func:`agent_stores.open_kv` opens it or when a
+        store first asks: the plugins' ``session_port``/``memory_port``/``journal_port``
+        hooks answer (through the selection layer, so no store depends on the plugin
+        registry). A wrapper sets its inner store's ports here
+        (:class:`~agent_stores.kv.counting.CountingKV`, a fault injector's), and a user may
+        replace them (``kv.ports = NativePorts(...)``; ``GENERIC_ONLY`` for none).
+        """
+        if self._ports is None:
+            self._ports = resolve_default_ports(self)
+        return self._ports
+
+    @ports.setter
+    def ports(self, ports: NativePorts) -> None:
+        self._ports = ports
 
     # -- lifecycle ------------------------------------------------------------------------
 

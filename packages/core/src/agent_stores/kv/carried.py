@@ -3,7 +3,7 @@
 A wrapper around a KV store (counting calls, injecting faults) is not the backend's own KV
 type, so no plugin offers it a native port: a store built on it would run the core's
 generic algorithms and never the backend's code. :func:`carry_ports` gives the wrapper
-its inner store's native ports instead, each call routed through the wrapper's
+its inner store's native ports (:attr:`~agent_stores.kv.base.KVStore.ports`) instead, each call routed through the wrapper's
 :meth:`PortGate.through_port`, so the wrapper counts or faults a port call as one request
 (which, to the backend, it is).
 """
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 if TYPE_CHECKING:
     from ..checkpointer.port import AppendOutcome, AppendRequest, JournalPort
     from ..memory.port import FileWrite, MemoryPort
-    from ..native import NativePorts
     from ..sessions.port import AcquireReply, AcquireRequest, SaveRequest, SessionPort
     from .base import Entry, KVStore
+    from .ports import NativePorts
 
 T = TypeVar("T")
 
@@ -116,9 +116,9 @@ class CarriedJournalPort:
 
 def carry_ports(inner: KVStore, gate: PortGate) -> NativePorts:
     """``inner``'s native ports, each routed through ``gate`` (None where it has none)."""
-    from ..native import NativePorts, ports_of
+    from .ports import NativePorts
 
-    found = ports_of(inner)
+    found = inner.ports
     return NativePorts(
         None if found.session is None else CarriedSessionPort(found.session, gate),
         None if found.memory is None else CarriedMemoryPort(found.memory, gate),

@@ -90,7 +90,7 @@ class FaultyKV(KVStore):
         native_ports: bool = True,
     ) -> None:
         super().__init__(clock=lambda: inner.clock())
-        from ..native import NativePorts
+        from .ports import GENERIC_ONLY
 
         self.inner = inner
         self.injector = injector
@@ -98,7 +98,7 @@ class FaultyKV(KVStore):
         self.capabilities = inner.capabilities
         self.deadline_seconds = inner.deadline_seconds
         self._owns_inner = owns_inner
-        self.ports = carry_ports(inner, self) if native_ports else NativePorts()
+        self.ports = carry_ports(inner, self) if native_ports else GENERIC_ONLY
 
     async def through_port(
         self, call: str, run: Callable[[], Awaitable[T]], *, write: bool, sent: int, key: str

@@ -20,7 +20,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import native, telemetry
+from .. import telemetry
 from ..damage import ProblemLog, quarantine
 from ..errors import (
     BackendUnavailableError,
@@ -170,7 +170,7 @@ class KVMemoryStore(KVBackedStore):
         # Directories whose markers this process has seen written: creating a file in one
         # costs no marker writes after the first time.
         self._known_dirs: set[str] = set()
-        self._port: MemoryPort = port or native.memory_port(kv) or KVMemoryPort(kv)
+        self._port: MemoryPort = port or kv.ports.memory or KVMemoryPort(kv)
         # The record last written or read per path, with its KV version: on an atomic port
         # a write that expects it goes straight to the one transaction (no read first).
         self._known: OrderedDict[str, tuple[str, FileRecord]] = OrderedDict()

@@ -43,7 +43,6 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from .. import native
 from ..errors import (
     AppError,
     ConflictError,
@@ -222,7 +221,7 @@ class KVSessionStorage:
     ) -> None:
         self.kv = kv
         #: the native port of the backend, or the generic one
-        self.port: SessionPort = port or native.session_port(kv) or KVSessionPort(kv)
+        self.port: SessionPort = port or kv.ports.session or KVSessionPort(kv)
         # The generic port's acquire is the algorithm below: skip asking it.
         self._native_acquire = not isinstance(self.port, KVSessionPort)
         self.store_id = store_id
