@@ -4,7 +4,7 @@ Sessions install the locked workspace (``uv.lock``) into their own virtualenv wi
 ``uv sync --frozen``. Backends are tested against real servers started and stopped by
 ``scripts/servers/*.py``.
 
-    nox -s contract                  # every backend (fails naming what to install)
+    nox -s contract                  # every backend and example (fails naming what to install)
     nox -s contract -- sqlite redis -k EXPR   # only these; pytest options pass through
     nox -s contract -- --exclude firestore    # or AGENT_STORES_CONTRACT_EXCLUDE=firestore
     nox -s contract -- --url URL [--install PATH_OR_REQUIREMENT ...]
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -133,6 +133,14 @@ BACKENDS: dict[
     "firestore": _server_backend("firestore", "firestore_server"),
 }
 
+# Third-party backends kept in this repository as worked examples (docs/plugins.md,
+# "Worked example"): label -> (distribution folder, URL). ``nox -s contract`` runs each like
+# a ``--url URL --install FOLDER`` target, in a throwaway virtualenv, so it is installed the
+# way a user installs somebody else's backend and never joins the workspace.
+EXAMPLE_BACKENDS: dict[str, tuple[str, str]] = {
+    "example-dictdb": ("examples/agent-stores-dictdb", "dictdb://contract"),
+}
+
 # Backends served by a package of their own under packages/ (with tests needing the server).
 SERVER_BACKENDS = ["redis", "postgres", "dynamodb", "cosmos", "firestore"]
 
@@ -216,8 +224,11 @@ PYTEST_VALUE_OPTIONS = {
 }
 
 
-def _contract_args(session: nox.Session) -> tuple[list[str], dict[str, list[str]], list[str]]:
-    """Split posargs into backend names, our options (--url, --install, --exclude) and pytest's."""
+def _contract_args(
+    session: nox.Session, targets: Collection[str] = BACKENDS
+) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """Split posargs into target names (of ``targets``), our options (--url, --install,
+    --exclude) and pytest's."""
     names: list[str] = []
     ours: dict[str, list[str]] = {"--url": [], "--install": [], "--exclude": []}
     pytest_args: list[str] = []
@@ -235,11 +246,11 @@ def _contract_args(session: nox.Session) -> tuple[list[str], dict[str, list[str]
             pytest_args.append(arg)
             if arg in PYTEST_VALUE_OPTIONS and args:
                 pytest_args.append(args.pop(0))
-        elif arg in BACKENDS:
+        elif arg in targets:
             names.append(arg)
         else:
             session.error(
-                f"unknown backend {arg!r}; choose from {sorted(BACKENDS)}, use --url URL, "
+                f"unknown backend {arg!r}; choose from {sorted(targets)}, use --url URL, "
                 "or put pytest options after their flag (-k EXPR)"
             )
     return names, ours, pytest_args
@@ -296,8 +307,15 @@ def _throwaway_venv(session: nox.Session, installs: list[str]) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _contract_run(session: nox.Session, pytest_env: dict[str, str], suite: str) -> None:
-    names, ours, pytest_args = _contract_args(session)
+def _contract_run(
+    session: nox.Session,
+    pytest_env: dict[str, str],
+    suite: str,
+    examples: Mapping[str, tuple[str, str]] | None = None,
+) -> None:
+    """Run ``suite`` on the named targets, or on every backend and every one of ``examples``."""
+    examples = examples or {}
+    names, ours, pytest_args = _contract_args(session, [*BACKENDS, *examples])
     if ours["--url"]:
         if len(ours["--url"]) > 1 or names:
             session.error("--url takes one URL and no backend names")
@@ -320,10 +338,11 @@ def _contract_run(session: nox.Session, pytest_env: dict[str, str], suite: str) 
         session.error("--install goes with --url URL (a third-party backend)")
     excluded = {n for n in os.environ.get(EXCLUDE_ENV, "").replace(",", " ").split() if n}
     excluded |= set(ours["--exclude"])
-    unknown = excluded - set(BACKENDS)
+    unknown = excluded - set(BACKENDS) - set(examples)
     if unknown:
         session.error(f"cannot exclude unknown backend(s) {sorted(unknown)}")
-    selected = [n for n in (names or list(BACKENDS)) if n not in excluded]
+    chosen = [n for n in (names or [*BACKENDS, *examples]) if n not in excluded]
+    selected = [n for n in chosen if n in BACKENDS]
     missing = {n: _why_unavailable(n) for n in selected if not BACKENDS[n][0]()}
     if missing:
         # No silent skip: a backend either runs, or the caller excluded it by name.
@@ -350,6 +369,16 @@ def _contract_run(session: nox.Session, pytest_env: dict[str, str], suite: str) 
         except Exception as exc:  # a server script failed to start its server
             failed.append(name)
             session.warn(f"{name}: could not start its server: {exc}")
+    for label in (n for n in chosen if n in examples):
+        folder, url = examples[label]
+        try:
+            with _throwaway_venv(session, [str(ROOT / folder)]) as python:
+                _run_contract(
+                    session, label, url, pytest_args, python_bin=python, env=pytest_env, suite=suite
+                )
+            passed.append(label)
+        except nox.command.CommandFailed:
+            failed.append(label)
     session.log(f"contract summary: passed {passed or '-'}; failed {failed or '-'}")
     if excluded:
         session.log(f"contract summary: EXCLUDED by option/{EXCLUDE_ENV}: {sorted(excluded)}")
@@ -409,16 +438,18 @@ def install(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def contract(session: nox.Session) -> None:
-    """The contract suite on every backend (or those named), or on any URL (``--url URL``).
+    """The contract suite on every backend and worked example (or those named), or on any URL
+    (``--url URL``).
 
-    ``-- sqlite redis -k EXPR``: backends by name, pytest options passed through;
+    ``-- sqlite redis -k EXPR``: backends by name (or an example's label, such as
+    ``example-dictdb``: ``EXAMPLE_BACKENDS``), pytest options passed through;
     ``--exclude NAME`` (or ``AGENT_STORES_CONTRACT_EXCLUDE``) leaves a backend out, said in
     the summary; a backend whose server cannot run otherwise fails the session.
     ``--url URL [--install PKG ...]``: a third-party backend, installed into a throwaway
     virtualenv.
     """
     _install(session)
-    _contract_run(session, {}, "agent_stores_contract.suite")
+    _contract_run(session, {}, "agent_stores_contract.suite", EXAMPLE_BACKENDS)
 
 
 @nox.session(name="contract-deep", python=PYTHON)

@@ -4,6 +4,8 @@ A backend imports ``agent_stores``, ``agent_stores.backend`` (the backend author
 toolkit) and ``agent_stores.errors`` — no other core module — and never touches a name the
 core keeps private (an underscore method or attribute it defines), except the ``_``
 primitives a KV store implements (``docs/kv.md``) and names the backend defines itself.
+The worked examples under ``examples/`` (a third party's backends, docs/plugins.md) are
+held to the same rule.
 """
 
 from __future__ import annotations
@@ -17,9 +19,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 CORE = ROOT / "packages" / "core" / "src" / "agent_stores"
 PUBLIC = {"agent_stores", "agent_stores.backend", "agent_stores.errors"}
-BACKENDS = sorted(
-    p.name for p in (ROOT / "packages").iterdir() if p.name != "core" and (p / "src").is_dir()
-)
+# backend -> its sources: our backend packages, then the worked examples
+SOURCES = {
+    **{
+        p.name: p / "src"
+        for p in sorted((ROOT / "packages").iterdir())
+        if p.name != "core" and (p / "src").is_dir()
+    },
+    **{
+        f"examples/{p.name}": p / "src"
+        for p in sorted(ROOT.glob("examples/*"))
+        if (p / "src").is_dir()
+    },
+}
+BACKENDS = list(SOURCES)
 
 
 def _private_names(trees: Iterator[ast.AST]) -> set[str]:
@@ -65,7 +78,7 @@ def _core_private() -> set[str]:
 
 def reaches(backend: str) -> list[str]:
     """Every place ``backend``'s sources use a core module or name that is not public."""
-    files = sorted((ROOT / "packages" / backend / "src").rglob("*.py"))
+    files = sorted(SOURCES[backend].rglob("*.py"))
     trees = {f: ast.parse(f.read_text()) for f in files}
     own = _private_names(iter(trees.values()))
     private = _core_private() - own
@@ -78,12 +91,17 @@ def reaches(backend: str) -> list[str]:
                 modules = [node.module]
             elif isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
+            line = getattr(node, "lineno", 0)
             for module in modules:
                 if module.split(".")[0] == "agent_stores" and module not in PUBLIC:
-                    found.append(f"{where}:{node.lineno}: imports {module}")
+                    found.append(f"{where}:{line}: imports {module}")
             if isinstance(node, ast.Attribute) and node.attr in private:
                 found.append(f"{where}:{node.lineno}: uses the core's private {node.attr}")
     return found
+
+
+def test_the_worked_example_is_checked() -> None:
+    assert "examples/agent-stores-dictdb" in BACKENDS
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
