@@ -7,6 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 from agent_stores import open_checkpointer, open_memory, open_sessions
+from agent_stores_postgres.config import URL_OPTIONS, PostgresConfig
 from agent_stores_postgres.schema import SchemaVersionError
 from pg_test_support import with_options
 
@@ -42,3 +43,12 @@ async def test_a_missing_schema_names_the_setup_command(schema_url: str) -> None
     async with open_checkpointer(with_options(schema_url, auto_setup="false")) as runs:
         with pytest.raises(SchemaVersionError, match="agent-stores setup"):
             await runs.list_runs()
+
+
+def test_the_declared_default_is_the_one_used() -> None:
+    """The URL option table is generated from URL_OPTIONS: its default must be the real one."""
+    assert (
+        PostgresConfig.from_url("postgresql://localhost/db").auto_setup
+        is URL_OPTIONS["auto_setup"].default
+        is True
+    )

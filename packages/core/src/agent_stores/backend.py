@@ -1,8 +1,9 @@
 """Everything a backend author uses, in one place (users import from ``agent_stores``).
 
 A backend subclasses :class:`KVStore` (its ``_`` primitives are the documented backend
-contract, see ``docs/kv.md``), registers its scheme with :data:`hookimpl`, and may hand
-the stores native ports (``docs/plugins.md``, "Native paths"). The port toolkit — the port
+contract, see ``docs/kv.md``), registers its scheme with :data:`hookimpl`, declares its
+URL query options as :class:`URLOptions` (its ``url_options`` class attribute, see
+``docs/urls.md``), and may hand the stores native ports (``docs/plugins.md``, "Native paths"). The port toolkit — the port
 types, the session record layout and codecs a native acquire reads and writes
 (``STATE_KEY``, ``decode_state``, ``acquired_state``, …), and the public API's own checks
 (``KVStore.check_open``, ``check_ids``, ``check_value``, ``expires_at``) — is here too; a
@@ -47,7 +48,7 @@ from .kv.base import (
     prefix_upper_bound,
     within_deadline,
 )
-from .url import MASK, StoreURL, check_options, redact
+from .url import MASK, StoreURL, URLOption, URLOptions, check_options, redact
 
 if TYPE_CHECKING:
     from .checkpointer.port import (
@@ -212,6 +213,8 @@ __all__ = [
     "SessionStore",
     "StateHeader",
     "StoreURL",
+    "URLOption",
+    "URLOptions",
     "UnknownOptionError",
     "UnsupportedError",
     "ValueTooLargeError",

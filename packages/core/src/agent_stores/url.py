@@ -9,7 +9,7 @@ anything a person may read. ``str()`` and ``repr()`` are both masked; only
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, overload
@@ -306,6 +306,122 @@ def _check_bounds(name: str, value: float, minimum: float | None, maximum: float
         raise ConfigError(detail=f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ConfigError(detail=f"{name} must be <= {maximum}, got {value}")
+
+
+#: The value types a :class:`URLOption` may declare.
+URL_OPTION_TYPES = frozenset({"bool", "int", "float", "str"})
+
+#: What ``?auto_setup=`` means on every backend (:meth:`URLOption.auto_setup`).
+AUTO_SETUP_MEANING = "the stores may create what the backend needs on first use"
+
+
+@dataclass(frozen=True, slots=True)
+class URLOption:
+    """One query option a backend's URLs accept: declared once, checked and documented from it.
+
+    ``type`` is one of ``bool``, ``int``, ``float`` or ``str`` (read with the matching
+    :class:`StoreURL` accessor); ``choices`` lists the accepted values of a ``str`` option
+    that takes only those. ``default`` is the value used when the option is absent, or a
+    short phrase when it is computed (``"half the deadline"``); None: no default. ``meaning``
+    is one line for people.
+    """
+
+    name: str
+    type: str
+    default: str | int | float | bool | None
+    meaning: str
+    choices: tuple[str, ...] = ()
+    repeatable: bool = False
+
+    def __post_init__(self) -> None:
+        if self.type not in URL_OPTION_TYPES:
+            raise ValueError(
+                f"URLOption {self.name!r}: type must be one of {sorted(URL_OPTION_TYPES)}"
+            )
+        if self.choices and self.type != "str":
+            raise ValueError(f"URLOption {self.name!r}: only a str option has choices")
+
+    @classmethod
+    def auto_setup(cls, default: bool, creates: str) -> URLOption:
+        """The ``auto_setup`` option, meaning the same on every backend.
+
+        ``creates`` says what the backend's setup creates (or that it has nothing to
+        create); ``default`` is true where that costs nothing, false where it is billable.
+        """
+        return cls("auto_setup", "bool", default, f"{AUTO_SETUP_MEANING}: {creates}")
+
+    @property
+    def secret(self) -> bool:
+        """True when the value is hidden in every rendering of the URL."""
+        return is_secret_query_key(self.name)
+
+    def default_text(self) -> str:
+        """The default as the reference table shows it."""
+        value = self.default
+        if value is None:
+            return "—"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+
+class URLOptions:
+    """The query options one backend's URLs accept, in the order its docs list them.
+
+    A backend declares them once, next to its URL parser, and refuses anything else with
+    :meth:`check`; its KV store class publishes them as the class attribute
+    ``url_options``, where :meth:`declared_by` finds them (the reference table of every
+    backend's options, ``docs/reference/url-options.md``, is generated that way).
+    ``others`` says what query options outside the list mean, for a backend that hands
+    them on (PostgreSQL gives them to libpq); empty: they are refused.
+    """
+
+    __slots__ = ("_by_name", "others")
+
+    def __init__(self, *options: URLOption, others: str = "") -> None:
+        by_name: dict[str, URLOption] = {}
+        for option in options:
+            if option.name in by_name:
+                raise ValueError(f"URL option {option.name!r} is declared twice")
+            by_name[option.name] = option
+        self._by_name = by_name
+        self.others = others
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The declared option names."""
+        return frozenset(self._by_name)
+
+    def __iter__(self) -> Iterator[URLOption]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __getitem__(self, name: str) -> URLOption:
+        return self._by_name[name]
+
+    def __repr__(self) -> str:
+        return f"URLOptions({', '.join(self._by_name)})"
+
+    def check(self, url: StoreURL, *also: str) -> None:
+        """Raise :class:`UnknownOptionError` for a query option neither declared nor in ``also``."""
+        url.check_query(*self._by_name, *also)
+
+    @staticmethod
+    def declared_by(factory: object) -> URLOptions | None:
+        """The options a backend factory declares: its own ``url_options`` attribute, else
+        that of the class it is bound to (``MyKV.from_url``); None when it declares none."""
+        for owner in (factory, getattr(factory, "__self__", None)):
+            declared = getattr(owner, "url_options", None)
+            if isinstance(declared, URLOptions):
+                return declared
+        return None
 
 
 def check_options(where: str, options: Mapping[str, object], *known: str) -> None:

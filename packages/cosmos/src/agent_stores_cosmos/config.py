@@ -12,17 +12,9 @@ One documented form (see ``docs/cosmos.md``)::
   connection string in ``$AZURE_COSMOS_CONNECTION_STRING``
   (``AccountEndpoint=https://…;AccountKey=…;``).
 
-Query options: ``prefix``, ``key``, ``auth`` (``key`` | ``entra``), ``tls``, ``create``
-(``setup`` may create the database and container, default true), ``auto_setup`` (create
-them on first use too, default false: nothing billable is created implicitly),
-``emulator`` (``cosmosdb-server``: the npm test server, see :mod:`agent_stores_cosmos.kv`;
-``microsoft``: Microsoft's Cosmos DB emulator), ``verify`` (``false``: do not verify the
-TLS certificate; only for a loopback host or with ``emulator=microsoft``), ``ca_file``
-(a PEM file of certificates to trust, such as the emulator's exported one),
-``endpoint_discovery``, ``deadline`` (seconds one call may take, retries included),
-``timeout`` (seconds per request: connect and read), ``retries`` (transient failures
-retried per request). Unknown options are an error, so a typo never silently falls back
-to a default.
+Query options: :data:`URL_OPTIONS` (name, type, default and meaning of each; ``auto_setup``
+is off by default: nothing billable is created implicitly). Unknown options are an error,
+so a typo never silently falls back to a default.
 """
 
 from __future__ import annotations
@@ -34,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL, URLOption, URLOptions
 from agent_stores.errors import ConfigError
 
 KEY_ENV = "AZURE_COSMOS_KEY"
@@ -50,23 +42,76 @@ DEFAULT_RETRIES = 10
 #: ``microsoft``: Microsoft's Cosmos DB emulator (self-signed TLS, one public key).
 EMULATORS = frozenset({"cosmosdb-server", "microsoft"})
 
-KNOWN_OPTIONS = frozenset(
-    {
+#: Every query option of a Cosmos URL; :func:`parse_url` refuses any other.
+URL_OPTIONS = URLOptions(
+    URLOption(
         "prefix",
-        "key",
+        "str",
+        DEFAULT_PREFIX,
+        "app namespace, part of every partition key value (1-64 of `A-Z a-z 0-9 . _ : -`)",
+    ),
+    URLOption("key", "str", f"${KEY_ENV}", "the account key (always shown as `***`)"),
+    URLOption(
         "auth",
-        "tls",
+        "str",
+        "key",
+        "`entra`: `DefaultAzureCredential` instead of a key (the `identity` extra)",
+        choices=("key", "entra"),
+    ),
+    URLOption(
         "create",
-        "auto_setup",
+        "bool",
+        True,
+        "`agent-stores setup URL` may create the database and container; `false`: it "
+        "only checks them",
+    ),
+    URLOption.auto_setup(
+        False,
+        "the database and container, billable (only where `create` allows); `false`: a "
+        "missing one fails with a hint to run `agent-stores setup URL`",
+    ),
+    URLOption("tls", "bool", True, "`false`: plain `http://`, for a loopback test server only"),
+    URLOption(
         "emulator",
-        "endpoint_discovery",
-        "deadline",
-        "timeout",
-        "retries",
+        "str",
+        None,
+        "`cosmosdb-server`: the npm test server; `microsoft`: Microsoft's Cosmos DB emulator",
+        choices=tuple(sorted(EMULATORS)),
+    ),
+    URLOption(
         "verify",
-        "ca_file",
-    }
+        "bool",
+        True,
+        "`false`: do not verify the TLS certificate (a loopback host or `emulator=microsoft` only)",
+    ),
+    URLOption("ca_file", "str", None, "a PEM file of certificates to trust for the endpoint"),
+    URLOption(
+        "endpoint_discovery",
+        "bool",
+        "true (false with emulator)",
+        "let the SDK discover the account's regional endpoints",
+    ),
+    URLOption(
+        "deadline",
+        "float",
+        DEFAULT_DEADLINE_SECONDS,
+        "seconds one call may take, retries included, before `BackendUnavailableError`",
+    ),
+    URLOption(
+        "timeout",
+        "float",
+        DEFAULT_TIMEOUT,
+        "seconds one request may take to connect, and to wait for its reply",
+    ),
+    URLOption(
+        "retries",
+        "int",
+        DEFAULT_RETRIES,
+        "re-tries of a request on a transient failure (429, 449, 408, 410, 5xx), within "
+        "the deadline",
+    ),
 )
+KNOWN_OPTIONS = URL_OPTIONS.names
 
 # The prefix is part of the partition key value, separated from the scope by '/' or '#'.
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -252,7 +297,7 @@ def parse_url(url: StoreURL | str) -> CosmosSettings:
     where = url.render()
     if url.scheme != "cosmos":
         raise ConfigError(detail=f"{where}: not a Cosmos URL (expected cosmos://…)")
-    url.check_query(*KNOWN_OPTIONS)
+    URL_OPTIONS.check(url)
     if url.username or url.password:
         raise ConfigError(
             detail=f"{where}: put the account key in ?key= or ${KEY_ENV}, not in the user info"

@@ -67,6 +67,7 @@ from agent_stores.backend import (
     KVStore,
     ScanItem,
     StoreURL,
+    URLOptions,
     new_version,
     within_deadline,
 )
@@ -79,7 +80,7 @@ from agent_stores.errors import (
 )
 
 from . import layout
-from .config import DEFAULT_RETRIES, CosmosSettings, check_prefix, parse_url
+from .config import DEFAULT_RETRIES, URL_OPTIONS, CosmosSettings, check_prefix, parse_url
 
 if TYPE_CHECKING:
     from azure.cosmos.aio import ContainerProxy, CosmosClient
@@ -207,6 +208,7 @@ class CosmosKV(KVStore):
     """
 
     backend_name: ClassVar[str] = "cosmos"
+    url_options: ClassVar[URLOptions] = URL_OPTIONS
     limits = KVLimits(max_value_bytes=layout.MAX_VALUE_BYTES)
 
     def __init__(

@@ -15,7 +15,10 @@ rendering of the URL masks them (the key id too, since it names an IAM user).
 
 The table name is case-sensitive and kept as written (``dynamodb://MyTable``); it may also
 be given as ``?table=MyTable`` (the host may then be omitted: ``dynamodb://?table=…``).
-Unknown options are an error, so a typo never silently falls back to a default.
+The options are :data:`URL_OPTIONS` (name, type, default and meaning of each); unknown
+options are an error, so a typo never silently falls back to a default. ``auto_setup`` is
+off by default: the table is billable, so only ``agent-stores setup URL`` creates it unless
+the URL says ``?auto_setup=true``.
 
 ``deadline=SECONDS`` bounds every call of the store, botocore's retries included (the
 store's ``deadline_seconds``; default 20 s). Unless given, the connect and read timeouts
@@ -32,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, MASK, StoreURL
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, MASK, StoreURL, URLOption, URLOptions
 from agent_stores.errors import ConfigError
 
 SCHEME = "dynamodb"
@@ -62,20 +65,79 @@ def attempts_for(deadline: float) -> int:
 
 
 _CREDENTIAL_OPTIONS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
-KNOWN_OPTIONS = frozenset(
-    {
+
+#: Every query option of a DynamoDB URL; :func:`parse_url` refuses any other.
+URL_OPTIONS = URLOptions(
+    URLOption("table", "str", "the host", "the table name, case kept (`dynamodb://?table=T`)"),
+    URLOption(
         "region",
+        "str",
+        "$AWS_REGION, else $AWS_DEFAULT_REGION, else the profile's",
+        "the AWS region, e.g. `eu-west-1`",
+    ),
+    URLOption(
         "endpoint_url",
+        "str",
+        "AWS",
+        "another endpoint (`http://` or `https://`): DynamoDB Local, moto, a VPC endpoint",
+    ),
+    URLOption(
         "prefix",
-        "profile",
-        "table",
-        "max_attempts",
-        "connect_timeout",
-        "read_timeout",
+        "str",
+        DEFAULT_PREFIX,
+        "app namespace inside the table (1-100 of `A-Z a-z 0-9 _ . -`)",
+    ),
+    URLOption("profile", "str", None, "a named profile of `~/.aws/config`"),
+    URLOption(
         "deadline",
-        *_CREDENTIAL_OPTIONS,
-    }
+        "float",
+        DEFAULT_DEADLINE_SECONDS,
+        f"seconds one call may take, retries included, before `BackendUnavailableError` "
+        f"(at least {MIN_DEADLINE:g})",
+    ),
+    URLOption(
+        "max_attempts",
+        "int",
+        f"from deadline: {DEFAULT_MAX_ATTEMPTS} at 20 s, 2 at 3 s",
+        "botocore attempts per request (`standard` retry mode)",
+    ),
+    URLOption(
+        "connect_timeout",
+        "float",
+        f"min({DEFAULT_CONNECT_TIMEOUT:g}, deadline/4)",
+        "seconds per attempt to connect",
+    ),
+    URLOption(
+        "read_timeout",
+        "float",
+        f"min({DEFAULT_READ_TIMEOUT:g}, deadline/2)",
+        "seconds per attempt to wait for the reply",
+    ),
+    URLOption(
+        "aws_access_key_id",
+        "str",
+        "the credential chain",
+        "escape hatch: an explicit key id, with `aws_secret_access_key` (masked)",
+    ),
+    URLOption(
+        "aws_secret_access_key",
+        "str",
+        "the credential chain",
+        "escape hatch: the explicit key's secret (masked)",
+    ),
+    URLOption(
+        "aws_session_token",
+        "str",
+        None,
+        "escape hatch: a session token for the explicit key (masked)",
+    ),
+    URLOption.auto_setup(
+        False,
+        "the table (on-demand billing, with TTL), billable; `false`: a missing table fails "
+        "with `TableMissingError` naming `agent-stores setup URL`",
+    ),
 )
+KNOWN_OPTIONS = URL_OPTIONS.names
 
 # DynamoDB's own rule for table names.
 _TABLE_RE = re.compile(r"^[A-Za-z0-9_.\-]{3,255}$")
@@ -156,6 +218,8 @@ class DynamoDBSettings:
     deadline: float = DEFAULT_DEADLINE_SECONDS
     #: explicit credentials from the URL (escape hatch); never shown
     credentials: dict[str, str] = field(default_factory=dict, repr=False)
+    #: ``?auto_setup=``: may the store create the (billable) table on first use
+    auto_setup: bool = False
 
     def __repr__(self) -> str:
         # The dataclass repr would show the StoreURL, whose user info is the key id.
@@ -193,12 +257,7 @@ def _check_shape(url: StoreURL, shown: str) -> None:
     in the authority (a typo must never silently fall back to a default)."""
     if url.scheme != SCHEME:
         raise ConfigError(detail=f"{shown}: not a DynamoDB URL (expected dynamodb://TABLE?…)")
-    unknown = sorted({k for k, _ in url.query} - KNOWN_OPTIONS)
-    if unknown:
-        raise ConfigError(
-            detail=f"{shown}: unknown query option(s) {unknown}; "
-            f"known: {', '.join(sorted(KNOWN_OPTIONS))}"
-        )
+    URL_OPTIONS.check(url)
     if url.port is not None or url.path not in ("", "/"):
         raise ConfigError(
             detail=f"{shown}: the URL names only a table (dynamodb://TABLE?region=…); "
@@ -317,4 +376,5 @@ def parse_url(url: StoreURL | str) -> DynamoDBSettings:
         read_timeout=read_timeout,
         deadline=deadline,
         credentials=credentials,
+        auto_setup=url.bool_option("auto_setup", False),
     )

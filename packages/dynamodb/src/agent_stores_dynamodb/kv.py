@@ -65,6 +65,7 @@ from agent_stores.backend import (
     Replace,
     ScanItem,
     StoreURL,
+    URLOptions,
     new_version,
     within_deadline,
 )
@@ -82,6 +83,7 @@ from .config import (
     DEFAULT_PREFIX,
     MIN_DEADLINE,
     PROFILE_REGION,
+    URL_OPTIONS,
     DynamoDBSettings,
     check_prefix,
     check_table,
@@ -165,6 +167,13 @@ class TableMissingError(ConfigError):
     """The table does not exist; ``agent-stores setup URL`` creates it."""
 
 
+#: The requests of :meth:`DynamoDBKV.setup`: a missing table is their answer to handle,
+#: never a reason to run setup again.
+_SETUP_OPERATIONS = frozenset(
+    {"describe_table", "create_table", "describe_time_to_live", "update_time_to_live"}
+)
+
+
 class _ConditionFailed(Exception):
     """Internal: a ConditionExpression was false; ``item`` is the stored item (ALL_OLD).
 
@@ -194,6 +203,7 @@ class DynamoDBKV(KVStore):
     """KV store on one DynamoDB table (see the module docstring for the layout)."""
 
     backend_name: ClassVar[str] = "dynamodb"
+    url_options: ClassVar[URLOptions] = URL_OPTIONS
     limits = KVLimits(max_value_bytes=MAX_VALUE_BYTES)
     capabilities = KVCapabilities(commit=True)
 
@@ -245,9 +255,13 @@ class DynamoDBKV(KVStore):
         """Wrap a ready aiobotocore DynamoDB client; the store never closes it.
 
         Options: ``table`` (required), ``prefix``, ``clock``, ``deadline`` (seconds per
-        call, retries included; the client's own timeouts and retries are the caller's).
+        call, retries included; the client's own timeouts and retries are the caller's),
+        ``auto_setup`` (default False: create the table on first use, as the URL option).
         """
         options = dict(options)
+        auto_setup = options.pop("auto_setup", False)
+        if not isinstance(auto_setup, bool):
+            raise ConfigError(detail=f"auto_setup must be True or False, got {auto_setup!r}")
         table = options.pop("table", None)
         if not table:
             raise ConfigError(detail="a DynamoDB client needs table='…' to know where to store")
@@ -256,7 +270,9 @@ class DynamoDBKV(KVStore):
         deadline = options.pop("deadline", None)
         if options:
             raise ConfigError(detail=f"unknown option(s) for a DynamoDB client: {sorted(options)}")
-        settings = DynamoDBSettings(url=None, table=check_table(str(table)), prefix=prefix)
+        settings = DynamoDBSettings(
+            url=None, table=check_table(str(table)), prefix=prefix, auto_setup=auto_setup
+        )
         if deadline is not None:
             if not isinstance(deadline, int | float) or not deadline >= MIN_DEADLINE:
                 raise ConfigError(detail=f"deadline must be a number of seconds >= {MIN_DEADLINE}")
@@ -340,6 +356,15 @@ class DynamoDBKV(KVStore):
         """
         # Public calls are bounded by the core already; this bounds the others (setup's).
         started = asyncio.get_running_loop().time()
+        try:
+            return await within_deadline(self, self._call_retrying(operation, request, started))
+        except TableMissingError:
+            if not self.settings.auto_setup or operation in _SETUP_OPERATIONS:
+                raise
+        # auto_setup: the request found no table, so nothing of it was applied; create the
+        # table (idempotent, so concurrent first calls may all do it) and send it again.
+        await self.setup()
+        started = asyncio.get_running_loop().time()
         return await within_deadline(self, self._call_retrying(operation, request, started))
 
     async def _call_retrying(
@@ -415,8 +440,9 @@ class DynamoDBKV(KVStore):
             return TableMissingError(
                 detail=f"DynamoDB table {self.table!r} does not exist in {self._region()} at "
                 f"{where}; create it there (once, with on-demand billing and TTL) with: "
-                f"{SETUP_COMMAND} '{where}' (or call `await kv.setup()`); reads and writes "
-                "never create a table"
+                f"{SETUP_COMMAND} '{where}' (or call `await kv.setup()`), or add "
+                "?auto_setup=true to let the first use create it; without that, reads and "
+                "writes never create a table"
             )
         if code == "ValidationException" and "size" in message.lower():
             return ValueTooLargeError(
@@ -510,9 +536,10 @@ class DynamoDBKV(KVStore):
 
     @property
     def auto_setup(self) -> bool:
-        """Always False: a table is created by ``agent-stores setup URL`` (or :meth:`setup`),
-        never implicitly by a store being entered."""
-        return False
+        """``?auto_setup=`` (default false): create the table on first use, and when a store
+        is entered. Off by default because a table is billable: a typo in its name or
+        region must fail (naming ``agent-stores setup URL``), not create a new table."""
+        return self.settings.auto_setup
 
     async def setup(self) -> None:
         """Create the table (on-demand billing) and enable TTL on ``ttl``. Idempotent."""

@@ -7,11 +7,9 @@ Form (see ``docs/firestore.md``)::
 ``COLLECTION`` is a root collection id (or a collection path ``a/doc/b`` with an odd
 number of segments). Credentials come from Application Default Credentials; the emulator
 is reached through the ``emulator_host=HOST:PORT`` option or the standard
-``FIRESTORE_EMULATOR_HOST`` variable (read, never written). Other options: ``deadline``
-(seconds one KV call may take, retries included), ``timeout`` (seconds per gRPC attempt,
-capped by what is left of the deadline), ``retries`` (transient failures retried per
-request, within the deadline) and ``max_value_bytes``. Unknown options are an error, so a
-typo never silently falls back to a default.
+``FIRESTORE_EMULATOR_HOST`` variable (read, never written). The options are
+:data:`URL_OPTIONS` (name, type, default and meaning of each); unknown options are an
+error, so a typo never silently falls back to a default.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL, URLOption, URLOptions
 from agent_stores.errors import ConfigError
 
 from .ids import check_path_segment
@@ -40,9 +38,52 @@ CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 HARD_MAX_VALUE_BYTES = (1 << 20) - (16 << 10)
 DEFAULT_MAX_VALUE_BYTES = HARD_MAX_VALUE_BYTES
 
-KNOWN_OPTIONS = frozenset(
-    {"database", "prefix", "emulator_host", "deadline", "timeout", "retries", "max_value_bytes"}
+#: Every query option of a Firestore URL; :func:`parse_url` refuses any other.
+URL_OPTIONS = URLOptions(
+    URLOption("database", "str", DEFAULT_DATABASE, "the Firestore database id (Native mode)"),
+    URLOption(
+        "prefix",
+        "str",
+        DEFAULT_PREFIX,
+        "app namespace inside the collection (1-200 characters)",
+    ),
+    URLOption(
+        "emulator_host",
+        "str",
+        f"${EMULATOR_ENV}, else none",
+        "`HOST:PORT` of a Firestore emulator (tests); none: Google's service",
+    ),
+    URLOption(
+        "deadline",
+        "float",
+        DEFAULT_DEADLINE,
+        "seconds one call may take, retries included, before `BackendUnavailableError`",
+    ),
+    URLOption(
+        "timeout",
+        "float",
+        DEFAULT_TIMEOUT,
+        "seconds per gRPC attempt, capped by what is left of the deadline",
+    ),
+    URLOption(
+        "retries",
+        "int",
+        DEFAULT_RETRIES,
+        "re-tries of a transiently failed request, within the deadline",
+    ),
+    URLOption(
+        "max_value_bytes",
+        "int",
+        DEFAULT_MAX_VALUE_BYTES,
+        f"largest value per entry, 1024 to {HARD_MAX_VALUE_BYTES}",
+    ),
+    URLOption.auto_setup(
+        True,
+        "nothing to create (no schema; the database must exist); `false` only keeps "
+        "entering a store from running setup's connection probe",
+    ),
 )
+KNOWN_OPTIONS = URL_OPTIONS.names
 
 _PROJECT_RE = re.compile(r"^[a-z0-9][a-z0-9\-.:]{0,99}$")
 _DATABASE_RE = re.compile(r"^(\(default\)|[a-z][a-z0-9\-]{0,62})$")
@@ -63,6 +104,8 @@ class FirestoreSettings:
     retries: int = DEFAULT_RETRIES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     deadline: float = DEFAULT_DEADLINE
+    #: ``?auto_setup=``: may entering a store run ``setup()`` (nothing to create here)
+    auto_setup: bool = True
 
     def describe(self) -> str:
         """The URL with secrets hidden."""
@@ -122,11 +165,7 @@ def parse_url(url: StoreURL | str) -> FirestoreSettings:
             detail=f"{url}: a Firestore URL has no user, password or port "
             "(credentials come from Application Default Credentials)"
         )
-    unknown = sorted({k for k, _ in url.query} - KNOWN_OPTIONS)
-    if unknown:
-        raise ConfigError(
-            detail=f"{url}: unknown query option(s) {unknown}; known: {', '.join(sorted(KNOWN_OPTIONS))}"
-        )
+    URL_OPTIONS.check(url)
     project = url.host or ""
     if not _PROJECT_RE.match(project):
         raise ConfigError(
@@ -185,4 +224,5 @@ def parse_url(url: StoreURL | str) -> FirestoreSettings:
         retries=retries,
         max_value_bytes=max_value,
         deadline=deadline,
+        auto_setup=url.bool_option("auto_setup", True),
     )

@@ -47,7 +47,7 @@ import os
 import random
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from agent_stores.backend import (
     Check,
@@ -62,6 +62,7 @@ from agent_stores.backend import (
     Replace,
     ScanItem,
     StoreURL,
+    URLOptions,
     prefix_upper_bound,
     redact,
     within_deadline,
@@ -83,6 +84,7 @@ from .config import (
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
     HARD_MAX_VALUE_BYTES,
+    URL_OPTIONS,
     FirestoreSettings,
     check_collection,
     check_prefix,
@@ -304,6 +306,7 @@ class FirestoreKV(KVStore):
     """
 
     backend_name = "firestore"
+    url_options: ClassVar[URLOptions] = URL_OPTIONS
     capabilities = KVCapabilities(commit=True, shared_across_processes=True)
 
     def __init__(
@@ -454,6 +457,12 @@ class FirestoreKV(KVStore):
                 detail=f"{self.describe()}: not connected yet (await setup() or make a call first)"
             )
         return self._client
+
+    @property
+    def auto_setup(self) -> bool:
+        """``?auto_setup=`` (default true). Firestore has no schema: false only keeps entering
+        a store from running :meth:`setup`'s probe."""
+        return self._settings.auto_setup if self._settings is not None else True
 
     async def setup(self) -> None:
         """Connect: build the client (off the event loop) and read one document.

@@ -8,7 +8,7 @@ URL form (libpq's)::
     postgresql://user:password@host:5432/dbname?schema=agents&table=agent_stores
         &min_size=1&max_size=10&pool_timeout=10&deadline=20&auto_setup=true&sslmode=require
 
-Query options the store understands are listed in :data:`STORE_OPTIONS`; every other
+Query options the store understands are declared in :data:`URL_OPTIONS`; every other
 query option is handed to libpq unchanged (``sslmode``, ``connect_timeout``,
 ``application_name``, ``options``, ``target_session_attrs``, ``sslrootcert``, …), so
 libpq itself rejects the ones it does not know.
@@ -21,7 +21,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, MIN_VALUE_BYTES, StoreURL
+from agent_stores.backend import (
+    DEFAULT_DEADLINE_SECONDS,
+    MIN_VALUE_BYTES,
+    StoreURL,
+    URLOption,
+    URLOptions,
+)
 from agent_stores.errors import ConfigError
 
 DEFAULT_SCHEMA = "public"
@@ -41,22 +47,63 @@ DEFAULT_MAX_VALUE_BYTES = 4 << 20
 #: A ceiling for ``max_value_bytes``: a value travels whole through one protocol message.
 MAX_MAX_VALUE_BYTES = 256 << 20
 DEFAULT_PURGE_INTERVAL = 300.0
+DEFAULT_PREPARE_THRESHOLD = 5
 
-#: Query options consumed by the store (never passed to libpq).
-STORE_OPTIONS = frozenset(
-    {
-        "schema",
+#: The query options consumed by the store (never passed to libpq).
+URL_OPTIONS = URLOptions(
+    URLOption("schema", "str", DEFAULT_SCHEMA, "schema holding the tables (setup creates it)"),
+    URLOption(
         "table",
-        "min_size",
-        "max_size",
-        "pool_timeout",
+        "str",
+        DEFAULT_TABLE,
+        "table-name prefix: the tables are `<table>_kv` and `<table>_schema_version`",
+    ),
+    URLOption("min_size", "int", DEFAULT_MIN_SIZE, "connections the pool keeps open"),
+    URLOption("max_size", "int", DEFAULT_MAX_SIZE, "most connections the pool opens"),
+    URLOption(
         "deadline",
-        "auto_setup",
+        "float",
+        DEFAULT_DEADLINE_SECONDS,
+        "seconds one call may take, retries and read-backs included, before "
+        "`BackendUnavailableError`",
+    ),
+    URLOption(
+        "pool_timeout",
+        "float",
+        f"{DEFAULT_POOL_TIMEOUT:g}, at most deadline",
+        "seconds a call waits for a pooled connection",
+    ),
+    URLOption.auto_setup(
+        True,
+        "the schema and its two tables (created or upgraded); `false`: first use of a "
+        "missing or older schema fails with a hint to run `agent-stores setup URL`",
+    ),
+    URLOption(
         "max_value_bytes",
+        "int",
+        DEFAULT_MAX_VALUE_BYTES,
+        f"largest value per entry, {MIN_VALUE_BYTES} to {MAX_MAX_VALUE_BYTES}",
+    ),
+    URLOption(
         "purge_interval",
+        "float",
+        DEFAULT_PURGE_INTERVAL,
+        "seconds between opportunistic purges of expired rows; `0` turns them off",
+    ),
+    URLOption(
         "prepare_threshold",
-    }
+        "int",
+        DEFAULT_PREPARE_THRESHOLD,
+        "psycopg's server-side prepared statements; `none` for PgBouncer in transaction mode",
+    ),
+    others=(
+        "any libpq connection keyword, handed to libpq unchanged: `sslmode`, `application_name` "
+        f"(default `{DEFAULT_APPLICATION_NAME}`), `connect_timeout` (default half the deadline, "
+        f"{MIN_CONNECT_TIMEOUT} to {DEFAULT_CONNECT_TIMEOUT}), `options`, `target_session_attrs`, "
+        "`sslrootcert`, …; anything else is refused"
+    ),
 )
+STORE_OPTIONS = URL_OPTIONS.names
 
 # Unquoted-identifier shape, so a name means the same thing quoted or not and can never
 # carry SQL. Table names get a suffix (``_schema_version``, 15 chars) and must stay within
@@ -109,7 +156,7 @@ class PostgresConfig:
     auto_setup: bool = True
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     purge_interval: float = DEFAULT_PURGE_INTERVAL
-    prepare_threshold: int | None = 5
+    prepare_threshold: int | None = DEFAULT_PREPARE_THRESHOLD
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.deadline) and 0 < self.deadline <= MAX_DEADLINE):
@@ -174,7 +221,7 @@ class PostgresConfig:
 
         # Everything else in the query goes to libpq, which must know it: a misspelt
         # option fails here, not as a connection error later.
-        url.check_query(*STORE_OPTIONS, *libpq_keywords())
+        URL_OPTIONS.check(url, *libpq_keywords())
         for name, value in url.query:
             if name not in STORE_OPTIONS:
                 conninfo[name] = value

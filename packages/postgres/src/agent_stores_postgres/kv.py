@@ -50,7 +50,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import fields
-from typing import Any, LiteralString, TypeVar
+from typing import Any, ClassVar, LiteralString, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -67,6 +67,7 @@ from agent_stores.backend import (
     Replace,
     ScanItem,
     StoreURL,
+    URLOptions,
     new_version,
     prefix_upper_bound,
     within_deadline,
@@ -83,7 +84,7 @@ from psycopg import AsyncConnection, AsyncCursor, sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from .config import PostgresConfig
+from .config import URL_OPTIONS, PostgresConfig
 from .pool import LoopBoundPool, WriteCursorConnection
 from .schema import SCHEMA_VERSION, SchemaVersionError, TableNames, check_server, read_version
 from .schema import setup_schema as _setup_schema
@@ -220,6 +221,7 @@ class PostgresKV(KVStore):
 
     backend_name = "postgresql"
     capabilities = KVCapabilities(commit=True, shared_across_processes=True)
+    url_options: ClassVar[URLOptions] = URL_OPTIONS
 
     def __init__(
         self,

@@ -8,13 +8,8 @@ Forms (see ``docs/redis.md``):
 * ``redis+cluster://host:port`` / ``rediss+cluster://host:port`` — Redis Cluster
   (``redis://…?cluster=true`` is the same thing).
 
-Query options: ``prefix``, ``db``, ``deadline``, ``socket_timeout``,
-``socket_connect_timeout``, ``client_name``, ``max_connections``, ``retries``,
-``max_value_bytes``, ``cluster``,
-``node`` (extra cluster startup node, repeatable), ``password`` / ``username`` (for
-``unix://``), and for TLS ``ssl_cert_reqs``, ``ssl_ca_certs``, ``ssl_certfile``,
-``ssl_keyfile``, ``ssl_check_hostname``. Unknown options are an error, so a typo never
-silently falls back to a default.
+Query options: :data:`URL_OPTIONS` (name, type, default and meaning of each). Unknown
+options are an error, so a typo never silently falls back to a default.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL
+from agent_stores.backend import DEFAULT_DEADLINE_SECONDS, StoreURL, URLOption, URLOptions
 from agent_stores.errors import ConfigError
 
 DEFAULT_PREFIX = "agent-stores"
@@ -49,24 +44,75 @@ _SSL_OPTIONS = (
     "ssl_keyfile",
     "ssl_check_hostname",
 )
-KNOWN_OPTIONS = frozenset(
-    {
+_TIMEOUT_DEFAULT = f"deadline / (retries + 1), at most {DEFAULT_TIMEOUT:g}"
+
+#: Every query option of a Redis URL; :func:`parse_url` refuses any other.
+URL_OPTIONS = URLOptions(
+    URLOption(
         "prefix",
-        "db",
+        "str",
+        DEFAULT_PREFIX,
+        "app namespace: every key starts with it (no braces or whitespace)",
+    ),
+    URLOption("db", "int", 0, "database number (same as the `/N` path); a cluster has only 0"),
+    URLOption(
         "deadline",
-        "socket_timeout",
-        "socket_connect_timeout",
-        "client_name",
+        "float",
+        DEFAULT_DEADLINE_SECONDS,
+        "seconds one call may take, retries included, before `BackendUnavailableError`",
+    ),
+    URLOption("socket_timeout", "float", _TIMEOUT_DEFAULT, "seconds to wait for a reply"),
+    URLOption(
+        "socket_connect_timeout", "float", _TIMEOUT_DEFAULT, "seconds to wait for a connection"
+    ),
+    URLOption("client_name", "str", None, "`CLIENT SETNAME`, shown by `CLIENT LIST`"),
+    URLOption(
         "max_connections",
-        "retries",
+        "int",
+        # kv.DEFAULT_MAX_CONNECTIONS (kv.py imports the driver; a test keeps the two equal)
+        "100 (cluster: redis-py's, per node)",
+        "connection pool size; a call waits for a free connection rather than failing",
+    ),
+    URLOption(
+        "retries", "int", DEFAULT_RETRIES, "re-tries of a failed command, within the deadline"
+    ),
+    URLOption(
         "max_value_bytes",
-        "cluster",
-        "node",
-        "password",
-        "username",
-        *_SSL_OPTIONS,
-    }
+        "int",
+        DEFAULT_MAX_VALUE_BYTES,
+        f"largest value per entry, 1024 to {HARD_MAX_VALUE_BYTES}",
+    ),
+    URLOption("cluster", "bool", False, "`true`: Redis Cluster (as `redis+cluster://`)"),
+    URLOption("node", "str", None, "an extra cluster startup node, `host:port`", repeatable=True),
+    URLOption(
+        "username", "str", None, "user name, for `unix://` URLs (the others carry it before `@`)"
+    ),
+    URLOption(
+        "password", "str", None, "password, for `unix://` URLs (the others carry it before `@`)"
+    ),
+    URLOption(
+        "ssl_cert_reqs",
+        "str",
+        "required",
+        "TLS URLs: verification of the server's certificate",
+        choices=("none", "optional", "required"),
+    ),
+    URLOption("ssl_ca_certs", "str", None, "TLS URLs: a CA bundle file"),
+    URLOption("ssl_certfile", "str", None, "TLS URLs: a client certificate file"),
+    URLOption("ssl_keyfile", "str", None, "TLS URLs: the client certificate's key file"),
+    URLOption(
+        "ssl_check_hostname",
+        "bool",
+        True,
+        "TLS URLs: check the server's name against its certificate",
+    ),
+    URLOption.auto_setup(
+        True,
+        "nothing to create (no schema); `false` only keeps entering a store from loading "
+        "the scripts, which load on first use anyway",
+    ),
 )
+KNOWN_OPTIONS = URL_OPTIONS.names
 
 _PREFIX_RE = re.compile(r"^[^{}\s\x00]{1,200}$")
 
@@ -93,6 +139,8 @@ class RedisSettings:
     #: the most one store call may take, retries included (``?deadline=``)
     deadline: float = DEFAULT_DEADLINE_SECONDS
     startup_nodes: tuple[tuple[str, int], ...] = ()
+    #: ``?auto_setup=``: may entering a store run ``setup()`` (nothing to create here)
+    auto_setup: bool = True
     #: keyword arguments for ``redis.asyncio.Redis`` / ``RedisCluster`` (secrets included)
     client_kwargs: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -216,7 +264,7 @@ def parse_url(url: StoreURL | str) -> RedisSettings:
         raise ConfigError(
             detail=f"{url}: not a Redis URL (expected one of {', '.join(sorted(SCHEMES))})"
         )
-    url.check_query(*KNOWN_OPTIONS)
+    URL_OPTIONS.check(url)
     cluster = _is_cluster(url)
     db = _database(url, cluster)
     deadline = url.float_option("deadline", DEFAULT_DEADLINE_SECONDS, minimum=MIN_DEADLINE)
@@ -243,5 +291,6 @@ def parse_url(url: StoreURL | str) -> RedisSettings:
         retries=retries,
         deadline=deadline,
         startup_nodes=nodes,
+        auto_setup=url.bool_option("auto_setup", True),
         client_kwargs=kwargs,
     )

@@ -30,7 +30,7 @@ import asyncio
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from agent_stores.backend import (
     DEFAULT_DEADLINE_SECONDS,
@@ -46,6 +46,7 @@ from agent_stores.backend import (
     Replace,
     ScanItem,
     StoreURL,
+    URLOptions,
     check_options,
     new_version,
     redact,
@@ -59,6 +60,7 @@ from .config import (
     DEFAULT_PREFIX,
     DEFAULT_RETRIES,
     HARD_MAX_VALUE_BYTES,
+    URL_OPTIONS,
     RedisSettings,
     parse_url,
 )
@@ -200,6 +202,7 @@ class RedisKV(KVStore):
 
     backend_name = "redis"
     capabilities = KVCapabilities(commit=True, shared_across_processes=True)
+    url_options: ClassVar[URLOptions] = URL_OPTIONS
 
     def __init__(
         self,
@@ -212,8 +215,10 @@ class RedisKV(KVStore):
         retries: int = DEFAULT_RETRIES,
         deadline: float | None = DEFAULT_DEADLINE_SECONDS,
         clock: Clock | None = None,
+        auto_setup: bool = True,
     ) -> None:
         super().__init__(clock=clock)
+        self._auto_setup = auto_setup
         self._retries = max(0, int(retries))
         if deadline is not None and not deadline > 0:
             raise ConfigError(detail=f"deadline must be > 0 seconds (or None), got {deadline}")
@@ -259,6 +264,7 @@ class RedisKV(KVStore):
             retries=settings.retries,
             deadline=settings.deadline,
             clock=clock,
+            auto_setup=settings.auto_setup,
         )
 
     @classmethod
@@ -480,6 +486,12 @@ class RedisKV(KVStore):
     async def _aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+    @property
+    def auto_setup(self) -> bool:
+        """``?auto_setup=`` (default true). Redis has no schema: false only keeps entering a
+        store from running :meth:`setup` (the scripts then load on first use)."""
+        return self._auto_setup
 
     async def setup(self) -> None:
         """Check the connection and load every script (on every primary of a cluster)."""

@@ -15,9 +15,11 @@ import threading
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..errors import ConflictError
 from ..kv.base import (
+    DEFAULT_DEADLINE_SECONDS,
     Check,
     Clock,
     Create,
@@ -31,9 +33,25 @@ from ..kv.base import (
     ScanItem,
     new_version,
 )
-from ..url import StoreURL, check_options
+from ..url import StoreURL, URLOption, URLOptions, check_options
 
 DEFAULT_MAX_VALUE_BYTES = 4 << 20
+
+URL_OPTIONS = URLOptions(
+    URLOption(
+        "max_value_bytes",
+        "int",
+        DEFAULT_MAX_VALUE_BYTES,
+        "largest value per entry (at least 1024); small values exercise the stores' chunking",
+    ),
+    URLOption(
+        "deadline",
+        "float",
+        DEFAULT_DEADLINE_SECONDS,
+        "seconds one call may take before `BackendUnavailableError`",
+    ),
+    URLOption.auto_setup(True, "nothing to create (accepted so one URL works on every backend)"),
+)
 
 
 @dataclass
@@ -65,6 +83,7 @@ class MemoryKV(KVStore):
 
     backend_name = "memory"
     capabilities = KVCapabilities(commit=True, shared_across_processes=False)
+    url_options: ClassVar[URLOptions] = URL_OPTIONS
 
     def __init__(
         self,
@@ -72,23 +91,35 @@ class MemoryKV(KVStore):
         *,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         clock: Clock | None = None,
+        auto_setup: bool = True,
     ) -> None:
         super().__init__(clock=clock)
         self.name = name
+        self._auto_setup = auto_setup
         self._space = _space(name) if name is not None else _Space()
         self.limits = KVLimits(max_value_bytes=max_value_bytes)
 
     @classmethod
     def from_url(cls, url: StoreURL, **options: object) -> MemoryKV:
-        """``memory://`` (shared default space) or ``memory://NAME``; ``?max_value_bytes=N``."""
+        """``memory://`` (shared default space) or ``memory://NAME``; options: :data:`URL_OPTIONS`."""
         name = (url.host or "") + url.path.strip("/")
-        url.check_query("max_value_bytes", "deadline")
+        URL_OPTIONS.check(url)
         check_options("memory://", options, "clock")
         max_value = url.int_option("max_value_bytes", DEFAULT_MAX_VALUE_BYTES)
         clock = options.get("clock")
-        kv = cls(name, max_value_bytes=max_value, clock=clock if callable(clock) else None)
+        kv = cls(
+            name,
+            max_value_bytes=max_value,
+            clock=clock if callable(clock) else None,
+            auto_setup=url.bool_option("auto_setup", True),
+        )
         kv.deadline_seconds = url.float_option("deadline", kv.deadline_seconds, minimum=0.001)
         return kv
+
+    @property
+    def auto_setup(self) -> bool:
+        """``?auto_setup=`` (default true); a memory store has nothing to create either way."""
+        return self._auto_setup
 
     def describe(self) -> str:
         return f"memory://{self.name}" if self.name is not None else "memory (private)"

@@ -22,10 +22,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import quote
 
 from ..errors import BackendUnavailableError, ConfigError, ConflictError
 from ..kv.base import (
+    DEFAULT_DEADLINE_SECONDS,
     Check,
     Clock,
     Create,
@@ -40,12 +42,35 @@ from ..kv.base import (
     new_version,
     prefix_upper_bound,
 )
-from ..url import StoreURL, check_options
+from ..url import StoreURL, URLOption, URLOptions, check_options
 
 T = TypeVar("T")
 
 DEFAULT_MAX_VALUE_BYTES = 4 << 20
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
+#: The command that creates the file and its table when ``auto_setup`` is off.
+SETUP_COMMAND = "agent-stores setup"
+
+URL_OPTIONS = URLOptions(
+    URLOption("max_value_bytes", "int", DEFAULT_MAX_VALUE_BYTES, "largest value per entry"),
+    URLOption(
+        "busy_timeout_ms",
+        "int",
+        DEFAULT_BUSY_TIMEOUT_MS,
+        "milliseconds to wait for another process's write lock",
+    ),
+    URLOption(
+        "deadline",
+        "float",
+        DEFAULT_DEADLINE_SECONDS,
+        "seconds one call may take before `BackendUnavailableError`",
+    ),
+    URLOption.auto_setup(
+        True,
+        "the database file, its folder and its table; `false`: a missing file or table "
+        "fails with a hint to run `agent-stores setup URL`",
+    ),
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS agent_stores_kv (
@@ -85,6 +110,7 @@ class SQLiteKV(KVStore):
 
     backend_name = "sqlite"
     capabilities = KVCapabilities(commit=True, shared_across_processes=True)
+    url_options: ClassVar[URLOptions] = URL_OPTIONS
 
     def __init__(
         self,
@@ -93,8 +119,10 @@ class SQLiteKV(KVStore):
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         clock: Clock | None = None,
+        auto_setup: bool = True,
     ) -> None:
         super().__init__(clock=clock)
+        self._auto_setup = auto_setup
         if not isinstance(busy_timeout_ms, int) or busy_timeout_ms < 0:
             raise ConfigError(
                 detail=f"busy_timeout_ms must be an integer >= 0, got {busy_timeout_ms!r}"
@@ -110,7 +138,7 @@ class SQLiteKV(KVStore):
 
     @classmethod
     def from_url(cls, url: StoreURL, **options: Any) -> SQLiteKV:
-        """``sqlite:///rel.db`` (relative), ``sqlite:////abs.db`` (absolute); ``?max_value_bytes=&busy_timeout_ms=``."""
+        """``sqlite:///rel.db`` (relative), ``sqlite:////abs.db`` (absolute); options: :data:`URL_OPTIONS`."""
         if url.host not in (None, "", "localhost"):
             raise ConfigError(
                 detail=f"{url}: a SQLite URL has no host; use sqlite:///relative.db or sqlite:////absolute/path.db"
@@ -118,7 +146,7 @@ class SQLiteKV(KVStore):
         path = url.path[1:] if url.path.startswith("/") else url.path
         if not path:
             raise ConfigError(detail=f"{url}: missing file path, e.g. sqlite:///agent.db")
-        url.check_query("max_value_bytes", "busy_timeout_ms", "deadline")
+        URL_OPTIONS.check(url)
         check_options("sqlite://", options, "clock", "max_value_bytes", "busy_timeout_ms")
         kwargs: dict[str, Any] = {
             name: options[name]
@@ -130,44 +158,91 @@ class SQLiteKV(KVStore):
         if url.query_get("busy_timeout_ms") is not None:
             kwargs["busy_timeout_ms"] = url.int_option("busy_timeout_ms", 0)
         clock = options.get("clock")
-        kv = cls(path, clock=clock if callable(clock) else None, **kwargs)
+        kv = cls(
+            path,
+            clock=clock if callable(clock) else None,
+            auto_setup=url.bool_option("auto_setup", True),
+            **kwargs,
+        )
         kv.deadline_seconds = url.float_option("deadline", kv.deadline_seconds, minimum=0.001)
         return kv
 
     def describe(self) -> str:
         return f"sqlite:///{self.path}"
 
+    @property
+    def auto_setup(self) -> bool:
+        """``?auto_setup=`` (default true): create the file and its table on first use."""
+        return self._auto_setup
+
     # -- worker thread --------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, create: bool) -> sqlite3.Connection:
+        """The connection, opened on first use; ``create``: the file, folder and table too,
+        else a missing file or table is refused with the setup hint."""
         if self._conn is None:
-            parent = Path(self.path).expanduser().parent
-            parent.mkdir(parents=True, exist_ok=True)
+            path = Path(self.path).expanduser()
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                target, uri = str(path), False
+            else:
+                # mode=rw: a file removed since would otherwise be created empty.
+                if not path.is_file():
+                    raise self._not_set_up(f"the database file {path} does not exist")
+                target, uri = f"file:{quote(str(path))}?mode=rw", True
             conn = sqlite3.connect(
-                Path(self.path).expanduser(),
+                target,
+                uri=uri,
                 timeout=self._busy_timeout_ms / 1000,
                 isolation_level=None,  # autocommit; transactions are explicit
                 check_same_thread=False,
             )
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-            mode = self._enable_wal(conn)
-            if mode != "wal":
-                raise BackendUnavailableError(
-                    detail=f"{self.describe()}: could not enable WAL (got {mode})"
-                )
-            conn.execute("PRAGMA synchronous = NORMAL")
-            # Several processes may create the schema at once: do it under the write lock.
-            conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute("COMMIT")
+                if not create and not self._has_table(conn):
+                    raise self._not_set_up(f"{path} has no agent_stores_kv table")
+                self._open(conn, create=create)
             except BaseException:
-                conn.execute("ROLLBACK")
+                conn.close()
                 raise
             self._conn = conn
         return self._conn
+
+    def _not_set_up(self, what: str) -> ConfigError:
+        return ConfigError(
+            detail=f"{self.describe()}: {what}, and auto_setup is off; create it with "
+            f"`{SETUP_COMMAND} {self.describe()}` (or drop ?auto_setup=false)"
+        )
+
+    @staticmethod
+    def _has_table(conn: sqlite3.Connection) -> bool:
+        row = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agent_stores_kv'"
+        ).fetchone()
+        return row is not None
+
+    def _open(self, conn: sqlite3.Connection, *, create: bool) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+        mode = self._enable_wal(conn)
+        if mode != "wal":
+            raise BackendUnavailableError(
+                detail=f"{self.describe()}: could not enable WAL (got {mode})"
+            )
+        conn.execute("PRAGMA synchronous = NORMAL")
+        if create:
+            self._create_schema(conn)
+
+    @staticmethod
+    def _create_schema(conn: sqlite3.Connection) -> None:
+        # Several processes may create the schema at once: do it under the write lock.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     def _enable_wal(self, conn: sqlite3.Connection) -> str:
         """Switch to WAL, retrying: the switch needs an exclusive lock and SQLite reports
@@ -186,8 +261,8 @@ class SQLiteKV(KVStore):
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.1)
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._conn
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, setting_up: bool = False) -> T:
+        conn = None if setting_up else self._conn
         if conn is not None and self._conn_lock.acquire(blocking=False):
             # Inline on the event loop's thread when the connection is free and no lock
             # must be waited for (busy timeout 0): a local statement takes microseconds,
@@ -207,7 +282,7 @@ class SQLiteKV(KVStore):
         def call() -> T:
             with self._conn_lock:
                 try:
-                    return fn(self._connect())
+                    return fn(self._connect(create=setting_up or self._auto_setup))
                 except sqlite3.OperationalError as exc:
                     raise BackendUnavailableError(detail=f"{self.describe()}: {exc}") from exc
                 except sqlite3.DatabaseError as exc:
@@ -302,7 +377,14 @@ class SQLiteKV(KVStore):
         self._executor = None
 
     async def setup(self) -> None:
-        await self._run(lambda conn: None)
+        """Create the file, its folder and its table (idempotent, whatever ``auto_setup``)."""
+
+        def create_missing(conn: sqlite3.Connection) -> None:
+            # The connection may have been opened on a file set up earlier (auto_setup off).
+            if not self._has_table(conn):
+                self._create_schema(conn)
+
+        await self._run(create_missing, setting_up=True)
 
     async def purge_expired(self) -> int:
         now = self.clock()

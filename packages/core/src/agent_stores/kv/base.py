@@ -39,6 +39,7 @@ from ..lifecycle import AsyncCloseable
 from .ports import resolve_default_ports
 
 if TYPE_CHECKING:
+    from ..url import URLOptions
     from .ports import NativePorts
 
 Clock = Callable[[], float]
@@ -200,6 +201,10 @@ class KVStore(AsyncCloseable, ABC):
     #: The most one call may take, retries included, before it fails with
     #: BackendUnavailableError (None: unbounded). Backends set it from ``?deadline=``.
     deadline_seconds: float | None = DEFAULT_DEADLINE_SECONDS
+
+    #: The URL query options this backend's URLs accept (declared next to its URL parser,
+    #: checked by it, and listed in ``docs/reference/url-options.md``); None: undeclared.
+    url_options: ClassVar[URLOptions | None] = None
 
     _ports: NativePorts | None = None
 
