@@ -487,48 +487,15 @@ class KVStepStore(KVBackedStore):
         return decode_record(entry.value, what=f"snapshot pointer of {run_id!r}"), entry.version
 
     async def _advance_pointer(self, run_id: str, seq: int, ident: str, state: str) -> None:
-        scope = self.space.scope(run_id)
-        bound = self.max_snapshots_per_run
+        """Point the run's ``sp`` pointer at snapshot ``seq`` where it is newer, by CAS;
+        then prune the snapshots the retention bound no longer keeps."""
         for attempt in range(_MAX_ATTEMPTS):
-            cached = self._pointers.get(run_id)
-            if cached is None:
-                pointer, version = await self._read_pointer(run_id)
-            else:
-                pointer, version = cached
-            latest = pointer.get("latest")
-            complete = pointer.get("complete")
-            live_raw = pointer.get("live")
-            live: list[tuple[int, str, str]] | None = (
-                [(int(s), str(i), str(st)) for s, i, st in live_raw]
-                if live_raw is not None
-                else None
-            )
-            new = dict(pointer)
-            if latest is None or seq > int(latest[0]):
-                new["latest"] = [seq, ident, state]
-            if state == "complete" and (complete is None or seq > int(complete[0])):
-                new["complete"] = [seq, ident]
-            dropped: list[tuple[int, str, str]] = []
-            if bound is not None or live is not None:
-                live = list(live or [])
-                if seq not in {s for s, _, _ in live}:
-                    live.append((seq, ident, state))
-                if bound is not None:
-                    keep = retained_seqs(live, bound)
-                    dropped = [item for item in live if item[0] not in keep]
-                    live = [item for item in live if item[0] in keep]
-                new["live"] = [list(item) for item in sorted(live)]
+            pointer, version = await self._known_pointer(run_id)
+            new, dropped = self._advanced(pointer, seq, ident, state)
             if new == pointer and version is not None:
                 return
-            value = canonical(new)
-            ttl = await self.space.write_ttl(run_id)
             try:
-                if version is None:
-                    new_version = await self.kv.create(scope, _POINTER, value, ttl=ttl)
-                else:
-                    new_version = await self.kv.replace(
-                        scope, _POINTER, value, expected_version=version, ttl=ttl
-                    )
+                new_version = await self._write_pointer(run_id, new, version)
             except ConflictError:
                 self._pointers.pop(run_id)
                 await backoff(attempt)
@@ -540,6 +507,64 @@ class KVStepStore(KVBackedStore):
         raise ConflictError(
             detail=f"could not update the snapshot pointer of run {run_id!r}"
         )  # pragma: no cover
+
+    async def _known_pointer(self, run_id: str) -> tuple[dict[str, Any], str | None]:
+        """The pointer this store last wrote (a lost CAS drops it), else the stored one."""
+        cached = self._pointers.get(run_id)
+        if cached is None:
+            return await self._read_pointer(run_id)
+        return cached
+
+    def _advanced(
+        self, pointer: dict[str, Any], seq: int, ident: str, state: str
+    ) -> tuple[dict[str, Any], list[tuple[int, str, str]]]:
+        """``pointer`` with snapshot ``seq`` taken in, and the snapshots it no longer retains."""
+        live_raw = pointer.get("live")
+        live: list[tuple[int, str, str]] | None = (
+            [(int(s), str(i), str(st)) for s, i, st in live_raw] if live_raw is not None else None
+        )
+        new = dict(pointer)
+        latest = pointer.get("latest")
+        if latest is None or seq > int(latest[0]):
+            new["latest"] = [seq, ident, state]
+        complete = pointer.get("complete")
+        if state == "complete" and (complete is None or seq > int(complete[0])):
+            new["complete"] = [seq, ident]
+        retained, dropped = self._retain(live, (seq, ident, state))
+        if retained is not None:
+            new["live"] = [list(item) for item in sorted(retained)]
+        return new, dropped
+
+    def _retain(
+        self, live: list[tuple[int, str, str]] | None, added: tuple[int, str, str]
+    ) -> tuple[list[tuple[int, str, str]] | None, list[tuple[int, str, str]]]:
+        """The live snapshots with ``added`` among them, split into retained and dropped.
+
+        Unbounded runs whose pointer never listed live snapshots keep no list (None).
+        """
+        bound = self.max_snapshots_per_run
+        if bound is None and live is None:
+            return None, []
+        live = list(live or [])
+        if added[0] not in {s for s, _, _ in live}:
+            live.append(added)
+        if bound is None:
+            return live, []
+        keep = retained_seqs(live, bound)
+        return [item for item in live if item[0] in keep], [
+            item for item in live if item[0] not in keep
+        ]
+
+    async def _write_pointer(
+        self, run_id: str, pointer: dict[str, Any], version: str | None
+    ) -> str:
+        """Create the pointer (``version`` None) or replace that version of it; its new version."""
+        scope = self.space.scope(run_id)
+        value = canonical(pointer)
+        ttl = await self.space.write_ttl(run_id)
+        if version is None:
+            return await self.kv.create(scope, _POINTER, value, ttl=ttl)
+        return await self.kv.replace(scope, _POINTER, value, expected_version=version, ttl=ttl)
 
     async def _prune(self, run_id: str, item: tuple[int, str, str]) -> None:
         """Replace a snapshot by a tombstone that keeps its idempotency key claimed."""

@@ -99,6 +99,46 @@ class _Staged:
     metadata_written: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What a write or delete asks for."""
+
+    content: str | None
+    metadata: str | None
+    expected_version: str | None
+    operation: MemoryOperation | None
+    delete: bool
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """The chunks a mutation staged and whether its record landed: a refused mutation
+    deletes its chunks, a landed one must keep them."""
+
+    staged: _Staged | None = None
+    landed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """Which parts of a file its record lists as chunks instead of holding inline."""
+
+    content: bool
+    metadata: bool
+
+    @property
+    def chunked(self) -> bool:
+        return self.content or self.metadata
+
+
+# Cheapest first: all inline, then the content in chunks, then the metadata too.
+_SHAPES = (
+    _Shape(content=False, metadata=False),
+    _Shape(content=True, metadata=False),
+    _Shape(content=True, metadata=True),
+)
+
+
 class KVMemoryStore(KVBackedStore):
     """A ``pydantic_ai_harness.memory`` store on a :class:`~agent_stores.kv.KVStore`.
 
@@ -269,7 +309,8 @@ class KVMemoryStore(KVBackedStore):
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
         return await self._mutate(
-            self._locate(path), content, encoded, expected_version, operation, delete=False
+            self._locate(path),
+            _Request(content, encoded, expected_version, operation, delete=False),
         )
 
     @telemetry.traced("memory.delete")
@@ -284,7 +325,7 @@ class KVMemoryStore(KVBackedStore):
         with ``expected_version=None`` succeeds with ``existed=False``."""
         validate_store_path(path)
         return await self._mutate(
-            self._locate(path), None, None, expected_version, operation, delete=True
+            self._locate(path), _Request(None, None, expected_version, operation, delete=True)
         )
 
     @telemetry.traced("memory.list")
@@ -336,6 +377,24 @@ class KVMemoryStore(KVBackedStore):
         directory, _, key_prefix = prefix.rpartition("/")
         scope = self._scope(directory)
         base = f"{directory}/" if directory else ""
+        selected = await self._search_candidates(scope, base, key_prefix, max_files)
+        files, content_truncated = await self._search_texts(
+            scope, base, selected[:max_files], max_file_chars
+        )
+        result = await _harness.lexical_search(
+            files, query, limit=limit, max_files=max_files, max_chars=max_chars, score_prefix=prefix
+        )
+        return _harness.MemorySearchResult(
+            matches=result.matches,
+            scanned=result.scanned,
+            truncated=result.truncated or content_truncated or len(selected) > max_files,
+        )
+
+    async def _search_candidates(
+        self, scope: str, base: str, key_prefix: str, max_files: int
+    ) -> list[tuple[str, FileRecord]]:
+        """Live files of ``scope`` whose name starts with ``key_prefix``, in key order, with
+        their records: up to ``max_files + 1``, the one beyond telling that more exist."""
         selected: list[tuple[str, FileRecord]] = []
         page_size = min(max_files + 1, self._page_size)
         start_after: str | None = None
@@ -349,13 +408,9 @@ class KVMemoryStore(KVBackedStore):
                     finished = True
                     break
                 if item.key.endswith(MARKER_SUFFIX):
-                    continue
-                try:
-                    record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
-                except CorruptRecordError as exc:
-                    self.problems.report(base + item.key, exc)
-                    continue
-                if record is None or not record.live:
+                    continue  # a subdirectory: search never descends into nested scopes
+                record = self._live_file(scope, base, item.key, item.entry)
+                if record is None:
                     continue
                 selected.append((item.key, record))
                 if len(selected) > max_files:
@@ -363,34 +418,37 @@ class KVMemoryStore(KVBackedStore):
             if finished or not page:
                 break
             start_after = page[-1].key
-        scanned = selected[:max_files]
-        fetched = await self._fetch(scope, scanned, max_file_chars, metadata=False)
-        files: list[tuple[str, str]] = []
-        content_truncated = False
-        for name, record in scanned:
+        return selected
+
+    async def _search_texts(
+        self, scope: str, base: str, files: list[tuple[str, FileRecord]], max_chars: int
+    ) -> tuple[list[tuple[str, str]], bool]:
+        """``(path, content cut to max_chars)`` of the files still there, their chunks in one
+        batched read, and whether any content was cut."""
+        fetched = await self._fetch(scope, files, max_chars, metadata=False)
+        texts: list[tuple[str, str]] = []
+        cut = False
+        for name, record in files:
             if name in fetched:
                 text = fetched[name][0]
-                content_truncated = content_truncated or record.length > max_file_chars
+                cut = cut or record.length > max_chars
             else:
                 # Rewritten since the scan: read the current version on its own (rare).
-                try:
-                    current = await self.read(base + name, max_chars=max_file_chars)
-                except CorruptRecordError as exc:
-                    self.problems.report(base + name, exc)
-                    continue
+                current = await self._reread(base + name, max_chars)
                 if current is None:
                     continue
                 text = current.content
-                content_truncated = content_truncated or current.truncated
-            files.append((base + name, text))
-        result = await _harness.lexical_search(
-            files, query, limit=limit, max_files=max_files, max_chars=max_chars, score_prefix=prefix
-        )
-        return _harness.MemorySearchResult(
-            matches=result.matches,
-            scanned=result.scanned,
-            truncated=result.truncated or content_truncated or len(selected) > max_files,
-        )
+                cut = cut or current.truncated
+            texts.append((base + name, text))
+        return texts, cut
+
+    async def _reread(self, path: str, max_chars: int) -> MemoryFile | None:
+        """The current version of a file; None when it is gone, or damaged (reported)."""
+        try:
+            return await self.read(path, max_chars=max_chars)
+        except CorruptRecordError as exc:
+            self.problems.report(path, exc)
+            return None
 
     # -- maintenance ----------------------------------------------------------------------
 
@@ -448,96 +506,152 @@ class KVMemoryStore(KVBackedStore):
 
     # -- mutations ------------------------------------------------------------------------
 
-    async def _mutate(
-        self,
-        loc: _Location,
-        content: str | None,
-        metadata: str | None,
-        expected_version: str | None,
-        operation: MemoryOperation | None,
-        *,
-        delete: bool,
-    ) -> MemoryMutation:
-        staged: _Staged | None = None
-        landed = False
+    async def _mutate(self, loc: _Location, request: _Request) -> MemoryMutation:
+        attempt = _Attempt()
         try:
-            if self._port.atomic and not delete:
-                assert content is not None
-                fast, staged = await self._predicted_write(
-                    loc, content, metadata, expected_version, operation
+            if self._port.atomic and not request.delete:
+                assert request.content is not None
+                predicted, attempt.staged = await self._predicted_write(
+                    loc,
+                    request.content,
+                    request.metadata,
+                    request.expected_version,
+                    request.operation,
                 )
-                if fast is not None:
-                    landed = True
-                    return fast
+                if predicted is not None:
+                    attempt.landed = True
+                    return predicted
             for _ in range(_MAX_CAS_ROUNDS):
-                entry, indexed = await self._load(loc, operation)
-                try:
-                    record = self._decode(entry, loc)
-                except CorruptRecordError as exc:
-                    assert entry is not None
-                    # Its version is unknowable, so only an unconditional write or delete
-                    # (expected_version=None) may replace it; its bytes are kept aside.
-                    if expected_version is not None:
-                        raise
-                    self.problems.report(loc.path, exc)
-                    await quarantine(self.kv, loc.scope, loc.name, entry, reason=exc.detail)
-                    record = FileRecord(live=False)
-                    if delete and operation is None:
-                        # Delete needs no decodable body; a tombstone keeps no receipts.
-                        await self.kv.delete(loc.scope, loc.name, expected_version=entry.version)
-                        return _harness.MemoryMutation(version=None, replayed=False, existed=True)
-                if operation is not None:
-                    replay = self._replay(operation, indexed, record)
-                    if replay is not None:
-                        if indexed is None:
-                            # The index write after the original CAS was lost: repair it.
-                            await self._write_index(operation, loc.path, replay)
-                        return replay
-                live = record is not None and record.live
-                current = record.version if record is not None and live else None
-                if current != expected_version:
-                    verb = "deleted" if delete else "written"
-                    raise _harness.MemoryConflictError(
-                        f"memory path {loc.path!r} changed before it could be {verb}"
-                    )
-                now = self.kv.clock()
-                version = None if delete else new_version()
-                mutation = _harness.MemoryMutation(version=version, replayed=False, existed=live)
-                receipts = self._receipts(record, operation, version, live, now)
-                if delete:
-                    if not live and operation is None:
-                        return mutation  # nothing to remove and no receipt to keep
-                    new_record = FileRecord(live=False, receipts=receipts)
-                    new_record.receipts = self._fit_receipts(new_record)
-                    ttl: float | None = self._receipt_ttl
-                else:
-                    assert content is not None and version is not None
-                    new_record, staged = await self._live_record(
-                        loc, content, metadata, version, operation, receipts, staged, now
-                    )
-                    ttl = None
-                markers = [] if live or delete else self._missing_markers(loc.directory)
-                try:
-                    await self._write(
-                        loc,
-                        new_record,
-                        None if entry is None else entry.version,
-                        ttl,
-                        operation,
-                        mutation,
-                        markers,
-                    )
-                except ConflictError:
-                    continue  # another writer got there first: re-read and decide again
-                landed = True
-                await self._after_landing(loc, record, new_record)
-                return mutation
+                mutation = await self._mutate_round(loc, request, attempt)
+                if mutation is not None:
+                    return mutation
             raise _harness.MemoryConflictError(f"memory path {loc.path!r} kept changing; giving up")
         except (_harness.MemoryConflictError, _harness.MemoryOperationConflictError):
             # A definite refusal: nothing landed, so the staged chunks are garbage now.
-            if staged is not None and not landed:
-                await self._discard(loc.scope, _staged_keys(loc.name, staged))
+            if attempt.staged is not None and not attempt.landed:
+                await self._discard(loc.scope, _staged_keys(loc.name, attempt.staged))
             raise
+
+    async def _mutate_round(
+        self, loc: _Location, request: _Request, attempt: _Attempt
+    ) -> MemoryMutation | None:
+        """Read the file, then answer a replay, refuse a conflict or write by CAS.
+
+        None when another writer's CAS won: the next round reads and decides again.
+        """
+        entry, indexed = await self._load(loc, request.operation)
+        record, quarantined = await self._decode_or_quarantine(loc, entry, request.expected_version)
+        if quarantined and request.delete and request.operation is None:
+            assert entry is not None
+            # Delete needs no decodable body; a tombstone keeps no receipts.
+            await self.kv.delete(loc.scope, loc.name, expected_version=entry.version)
+            return _harness.MemoryMutation(version=None, replayed=False, existed=True)
+        replay = await self._replay_landed(loc, request.operation, indexed, record)
+        if replay is not None:
+            return replay
+        self._check_expected_version(loc, record, request)
+        return await self._replace_record(loc, request, attempt, entry, record)
+
+    async def _decode_or_quarantine(
+        self, loc: _Location, entry: Entry | None, expected_version: str | None
+    ) -> tuple[FileRecord | None, bool]:
+        """The record in ``entry``, and whether it was damaged and set aside (then a tombstone).
+
+        A damaged record's version is unknowable, so only an unconditional write or delete
+        (``expected_version=None``) may replace it; its bytes are kept aside.
+        """
+        try:
+            return self._decode(entry, loc), False
+        except CorruptRecordError as exc:
+            assert entry is not None
+            if expected_version is not None:
+                raise
+            self.problems.report(loc.path, exc)
+            await quarantine(self.kv, loc.scope, loc.name, entry, reason=exc.detail)
+            return FileRecord(live=False), True
+
+    async def _replay_landed(
+        self,
+        loc: _Location,
+        operation: MemoryOperation | None,
+        indexed: IndexEntry | None,
+        record: FileRecord | None,
+    ) -> MemoryMutation | None:
+        """The result of ``operation`` if it landed already (a retry after a lost reply).
+
+        Raises ``MemoryOperationConflictError`` when its id was used with other arguments.
+        """
+        if operation is None:
+            return None
+        replay = self._replay(operation, indexed, record)
+        if replay is not None and indexed is None:
+            # The index write after the original CAS was lost: repair it.
+            await self._write_index(operation, loc.path, replay)
+        return replay
+
+    @staticmethod
+    def _check_expected_version(
+        loc: _Location, record: FileRecord | None, request: _Request
+    ) -> None:
+        current = record.version if record is not None and record.live else None
+        if current != request.expected_version:
+            verb = "deleted" if request.delete else "written"
+            raise _harness.MemoryConflictError(
+                f"memory path {loc.path!r} changed before it could be {verb}"
+            )
+
+    async def _replace_record(
+        self,
+        loc: _Location,
+        request: _Request,
+        attempt: _Attempt,
+        entry: Entry | None,
+        record: FileRecord | None,
+    ) -> MemoryMutation | None:
+        """Write the file's new record (or tombstone) over ``entry`` by CAS.
+
+        None when another writer got there first.
+        """
+        live = record is not None and record.live
+        now = self.kv.clock()
+        version = None if request.delete else new_version()
+        mutation = _harness.MemoryMutation(version=version, replayed=False, existed=live)
+        receipts = self._receipts(record, request.operation, version, live, now)
+        if request.delete:
+            if not live and request.operation is None:
+                return mutation  # nothing to remove and no receipt to keep
+            new_record = FileRecord(live=False, receipts=receipts)
+            new_record.receipts = self._fit_receipts(new_record)
+            ttl: float | None = self._receipt_ttl
+        else:
+            assert request.content is not None and version is not None
+            new_record, attempt.staged = await self._live_record(
+                loc,
+                request.content,
+                request.metadata,
+                version,
+                request.operation,
+                receipts,
+                attempt.staged,
+                now,
+            )
+            ttl = None
+        markers = [] if live or request.delete else self._missing_markers(loc.directory)
+        try:
+            await self._write(
+                loc,
+                new_record,
+                None if entry is None else entry.version,
+                ttl,
+                request.operation,
+                mutation,
+                markers,
+            )
+        except ConflictError:
+            return None
+        attempt.landed = True
+        await self._after_landing(loc, record, new_record)
+        return mutation
 
     async def _predicted_write(
         self,
@@ -732,34 +846,19 @@ class KVMemoryStore(KVBackedStore):
         shape fits with all of them.
         """
         operation_id = operation.id if operation is not None else None
-        # Every character takes at least one byte: skip encoding what cannot fit inline.
-        content_may_fit = len(content) < self._record_bytes
-        metadata_may_fit = metadata is None or len(metadata) < self._record_bytes
+        shapes = self._shapes_worth_trying(content, metadata)
         for trim in (False, True):
-            for chunk_content, chunk_metadata in ((False, False), (True, False), (True, True)):
-                if (chunk_metadata and metadata is None) or (
-                    not chunk_content and not content_may_fit
-                ):
-                    continue
-                if not chunk_metadata and not metadata_may_fit:
-                    continue
-                if chunk_content or chunk_metadata:
+            for shape in shapes:
+                if shape.chunked:
                     staged = staged or self._stage(content, metadata, now)
-                record = FileRecord(
-                    live=True,
+                record = _shaped_record(
+                    shape,
+                    content,
+                    metadata,
+                    staged if shape.chunked else None,
                     version=version,
                     operation_id=operation_id,
-                    length=len(content),
-                    content=None if chunk_content else content,
-                    token=staged.token
-                    if staged is not None and (chunk_content or chunk_metadata)
-                    else None,
-                    chunks=staged.content_sizes if staged is not None and chunk_content else [],
-                    metadata=None if chunk_metadata else metadata,
-                    metadata_chunks=len(staged.metadata_pieces)
-                    if staged is not None and chunk_metadata
-                    else 0,
-                    receipts=list(receipts),
+                    receipts=receipts,
                 )
                 if trim:
                     record.receipts = self._fit_receipts(record)
@@ -767,7 +866,7 @@ class KVMemoryStore(KVBackedStore):
                     continue
                 if staged is not None:
                     await self._write_chunks(
-                        loc, staged, content=chunk_content, metadata=chunk_metadata
+                        loc, staged, content=shape.content, metadata=shape.metadata
                     )
                 return record, staged
         raise ValueTooLargeError(
@@ -776,6 +875,22 @@ class KVMemoryStore(KVBackedStore):
             size=len(encode_text(content)),
             limit=self._record_bytes,
         )
+
+    def _shapes_worth_trying(self, content: str, metadata: str | None) -> list[_Shape]:
+        """The record shapes that may fit, cheapest first.
+
+        Every character takes at least one byte: a shape holding inline a text with more
+        characters than a record has bytes is skipped without encoding it.
+        """
+        content_may_fit = len(content) < self._record_bytes
+        metadata_may_fit = metadata is None or len(metadata) < self._record_bytes
+        return [
+            shape
+            for shape in _SHAPES
+            if (shape.content or content_may_fit)
+            and (shape.metadata or metadata_may_fit)
+            and not (shape.metadata and metadata is None)
+        ]
 
     def _stage(self, content: str, metadata: str | None, now: float) -> _Staged:
         # The creation time in the token lets collect_garbage spare chunks of writes in flight.
@@ -909,16 +1024,21 @@ class KVMemoryStore(KVBackedStore):
                         async for found in nested:
                             yield found
                     continue
-                try:
-                    record = self._decode(item.entry, None, where=f"{scope}/{item.key}")
-                except CorruptRecordError as exc:
-                    self.problems.report(base + item.key, exc)
-                    continue
-                if record is not None and record.live:
+                record = self._live_file(scope, base, item.key, item.entry)
+                if record is not None:
                     yield base + item.key, item.key, record
             if len(page) < page_size:
                 return
             start_after = page[-1].key
+
+    def _live_file(self, scope: str, base: str, key: str, entry: Entry | None) -> FileRecord | None:
+        """The record of a file a scan found, if live; a damaged one is reported and skipped."""
+        try:
+            record = self._decode(entry, None, where=f"{scope}/{key}")
+        except CorruptRecordError as exc:
+            self.problems.report(base + key, exc)
+            return None
+        return record if record is not None and record.live else None
 
     async def _directories(self, directory: str) -> AsyncGenerator[str, None]:
         """``directory`` and every directory below it."""
@@ -982,6 +1102,31 @@ def _staged_keys(name: str, staged: _Staged) -> list[str]:
             metadata_chunk_key(name, staged.token, i) for i in range(len(staged.metadata_pieces))
         ]
     return keys
+
+
+def _shaped_record(
+    shape: _Shape,
+    content: str,
+    metadata: str | None,
+    chunks: _Staged | None,
+    *,
+    version: str,
+    operation_id: str | None,
+    receipts: list[Receipt],
+) -> FileRecord:
+    """The live record of ``shape``; ``chunks`` holds what it lists as chunks (None: nothing)."""
+    return FileRecord(
+        live=True,
+        version=version,
+        operation_id=operation_id,
+        length=len(content),
+        content=None if shape.content else content,
+        token=chunks.token if chunks is not None else None,
+        chunks=chunks.content_sizes if chunks is not None and shape.content else [],
+        metadata=None if shape.metadata else metadata,
+        metadata_chunks=len(chunks.metadata_pieces) if chunks is not None and shape.metadata else 0,
+        receipts=list(receipts),
+    )
 
 
 def _token_age(token: str, now: float) -> float:

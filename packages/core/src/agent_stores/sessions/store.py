@@ -9,6 +9,7 @@ import random
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -37,6 +38,30 @@ if TYPE_CHECKING:
 log = logging.getLogger("agent_stores.sessions")
 
 T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Wait:
+    """Where one client waiting for a busy session stands: its backoff, its place in the
+    session's queue of clients, and what it learnt about the holder."""
+
+    deadline: float
+    #: the current backoff of the polls (jittered, doubling up to ``poll_max_seconds``)
+    delay: float
+    ticket: Ticket | None
+    #: the ticket is first in the queue (or no ticket: nothing to wait behind)
+    at_head: bool
+    #: tickets ahead of ours, counted up to 2
+    rank: int = 2
+    holder: str | None = None
+    #: the hand-over hint this client left is known to be in place
+    hinted: bool = False
+
+    def next_pause(self, ceiling: float) -> float:
+        """A jittered pause of the current backoff, which then doubles (up to ``ceiling``)."""
+        pause = self.delay * random.uniform(0.5, 1.0)
+        self.delay = min(self.delay * 2, ceiling)
+        return pause
 
 
 class Session:
@@ -573,103 +598,144 @@ class SessionStore(KVBackedStore):
         """
         loop = asyncio.get_running_loop()
         owner = f"{self.store_id}:{secrets.token_hex(4)}"
-        delay = self.poll_initial_seconds
-        holder: str | None = None
-        hinted = False
         ticket = await self._queue_behind_waiters(session_id)
-        at_head = ticket is None
-        rank = 2  # tickets ahead of ours, counted up to 2
+        wait = _Wait(deadline, self.poll_initial_seconds, ticket, at_head=ticket is None)
         try:
             while True:
                 self._check_open()
                 attempt_started = loop.time()
                 try:
-                    if ticket is not None:
-                        ticket = await self.storage.keep_ticket(session_id, ticket)
-                        if not at_head:
-                            front = await self.storage.queue_front(session_id)
-                            ahead = sum(1 for key in front if key < ticket.key)
-                            if ahead < rank:
-                                # Moved up: the session may come free soon, poll promptly.
-                                delay = self.poll_initial_seconds
-                            rank = ahead
-                            # Tickets only join at the end, so the head stays the head.
-                            at_head = ahead == 0
-                    outcome: Acquired | Busy | None = None
-                    if at_head:
-                        outcome = await self.storage.load_and_acquire(
-                            session_id,
-                            owner=owner,
-                            allow_recovery=allow_recovery,
-                            load_history=load_history,
-                        )
+                    outcome = await self._attempt_acquire(
+                        session_id,
+                        wait,
+                        owner=owner,
+                        allow_recovery=allow_recovery,
+                        load_history=load_history,
+                    )
                 except TransientStoreError:
                     # Retrying with the same owner token is safe: if the lost answer was a
                     # successful acquire, the next attempt finds our own lease and continues.
                     # No attempt starts that would likely end past the turn's timeout: one
                     # that ran into the backend's deadline would take as long again.
                     took = loop.time() - attempt_started
-                    if loop.time() + max(delay, took) >= deadline:
+                    if loop.time() + max(wait.delay, took) >= deadline:
                         raise
                     telemetry.record_retry("session.acquire", self.kv)
-                    await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                    delay = min(delay * 2, self.poll_max_seconds)
+                    await asyncio.sleep(wait.next_pause(self.poll_max_seconds))
                     continue
                 if isinstance(outcome, Acquired):
-                    if holder is not None or ticket is not None:  # it was busy: passed on to us
-                        telemetry.record_handover(self.kv)
-                        self._contended.add(session_id)
+                    self._note_handover(session_id, wait)
                     return outcome.handle
-                if outcome is not None:
-                    holder = outcome.holder or holder
-                if loop.time() >= deadline:
-                    who = f" by {holder}" if holder else ""
-                    raise SessionBusyError(
-                        f"session {session_id!r} stayed busy{who} for the whole timeout",
-                        session_id=session_id,
-                    )
-                # Leave our hint until it is known to be in place; then only when none is
-                # (it expires after a while). A hint seen in the state read may be a stale
-                # one of the holder itself, which would not make it hand over.
-                want_hint = (
-                    outcome is not None
-                    and outcome.retry_after is None
-                    and not (outcome.waiter_hinted and hinted)
-                )
-                if ticket is None:
-                    # The hint goes out with the ticket, so the holder's store yields the
-                    # session at its next release instead of looping on it (one round trip).
-                    results = await asyncio.gather(
-                        self._take_ticket(session_id),
-                        self._leave_hint(session_id) if want_hint else _no_hint(),
-                        return_exceptions=True,
-                    )
-                    for result in results:
-                        if isinstance(result, BaseException):
-                            raise result
-                    placed, noted = results
-                    if want_hint:
-                        hinted = noted is True
-                    if isinstance(placed, Ticket):
-                        ticket = placed
-                        at_head, rank = False, 2
-                        continue
-                    # No place in the queue: waiting works without it, only less fairly.
-                elif want_hint:
-                    hinted = await self._leave_hint(session_id)
-                # Poll with jittered exponential backoff; a courtesy pause (we just released
-                # the session and someone else waits) is polled through the same way, so
-                # that if the other client takes the session we get it back in turn.
-                wait = delay * random.uniform(0.5, 1.0)
-                if outcome is not None and outcome.retry_after is not None:
-                    wait = min(
-                        wait, outcome.retry_after + random.uniform(0, self.poll_initial_seconds)
-                    )
-                delay = min(delay * 2, self.poll_max_seconds)
-                await asyncio.sleep(min(wait, max(deadline - loop.time(), 0.0)))
+                self._give_up_when_late(session_id, wait, outcome)
+                if await self._announce_waiting(session_id, wait, outcome):
+                    continue  # a ticket just taken: see where it stands at once
+                await self._poll_pause(wait, outcome)
         finally:
-            if ticket is not None:
-                self.storage.leave_queue(session_id, ticket)
+            if wait.ticket is not None:
+                self.storage.leave_queue(session_id, wait.ticket)
+
+    async def _attempt_acquire(
+        self,
+        session_id: str,
+        wait: _Wait,
+        *,
+        owner: str,
+        allow_recovery: bool,
+        load_history: bool,
+    ) -> Acquired | Busy | None:
+        """Try to take the lease, if our ticket (when we hold one) is first; None: not first."""
+        await self._advance_in_queue(session_id, wait)
+        if not wait.at_head:
+            return None
+        return await self.storage.load_and_acquire(
+            session_id, owner=owner, allow_recovery=allow_recovery, load_history=load_history
+        )
+
+    async def _advance_in_queue(self, session_id: str, wait: _Wait) -> None:
+        """Keep our ticket alive and, until it is first, count the tickets still ahead of it."""
+        if wait.ticket is None:
+            return
+        wait.ticket = await self.storage.keep_ticket(session_id, wait.ticket)
+        if wait.at_head:
+            return
+        front = await self.storage.queue_front(session_id)
+        ahead = sum(1 for key in front if key < wait.ticket.key)
+        if ahead < wait.rank:
+            # Moved up: the session may come free soon, poll promptly.
+            wait.delay = self.poll_initial_seconds
+        wait.rank = ahead
+        # Tickets only join at the end, so the head stays the head.
+        wait.at_head = ahead == 0
+
+    def _note_handover(self, session_id: str, wait: _Wait) -> None:
+        """Count a session passed on to us after it was found busy, and remember it as
+        contended: taking it straight back after releasing it first looks for queued clients."""
+        if wait.holder is not None or wait.ticket is not None:
+            telemetry.record_handover(self.kv)
+            self._contended.add(session_id)
+
+    def _give_up_when_late(self, session_id: str, wait: _Wait, outcome: Busy | None) -> None:
+        """Raise ``SESSION_BUSY`` once the turn's timeout has passed, naming the last holder seen."""
+        if outcome is not None:
+            wait.holder = outcome.holder or wait.holder
+        if asyncio.get_running_loop().time() >= wait.deadline:
+            who = f" by {wait.holder}" if wait.holder else ""
+            raise SessionBusyError(
+                f"session {session_id!r} stayed busy{who} for the whole timeout",
+                session_id=session_id,
+            )
+
+    async def _announce_waiting(self, session_id: str, wait: _Wait, outcome: Busy | None) -> bool:
+        """Leave the hand-over hint and, until we have one, take a ticket in the session's queue.
+
+        True when a ticket was just taken.
+        """
+        # Leave our hint until it is known to be in place; then only when none is
+        # (it expires after a while). A hint seen in the state read may be a stale
+        # one of the holder itself, which would not make it hand over.
+        want_hint = (
+            outcome is not None
+            and outcome.retry_after is None
+            and not (outcome.waiter_hinted and wait.hinted)
+        )
+        if wait.ticket is None:
+            return await self._join_queue(session_id, wait, want_hint=want_hint)
+        if want_hint:
+            wait.hinted = await self._leave_hint(session_id)
+        return False
+
+    async def _join_queue(self, session_id: str, wait: _Wait, *, want_hint: bool) -> bool:
+        """Take a ticket, with the hint if wanted; True when the queue gave us a place."""
+        # The hint goes out with the ticket, so the holder's store yields the session at
+        # its next release instead of looping on it (one round trip).
+        results = await asyncio.gather(
+            self._take_ticket(session_id),
+            self._leave_hint(session_id) if want_hint else _no_hint(),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        placed, noted = results
+        if want_hint:
+            wait.hinted = noted is True
+        if not isinstance(placed, Ticket):
+            return False  # no place in the queue: waiting works without it, only less fairly
+        wait.ticket, wait.at_head, wait.rank = placed, False, 2
+        return True
+
+    async def _poll_pause(self, wait: _Wait, outcome: Busy | None) -> None:
+        """Sleep until the next attempt, never past the deadline.
+
+        Polls back off exponentially with jitter; a courtesy pause (we just released the
+        session and someone else waits) is polled through the same way, so that if the
+        other client takes the session we get it back in turn.
+        """
+        pause = wait.next_pause(self.poll_max_seconds)
+        if outcome is not None and outcome.retry_after is not None:
+            pause = min(pause, outcome.retry_after + random.uniform(0, self.poll_initial_seconds))
+        remaining = wait.deadline - asyncio.get_running_loop().time()
+        await asyncio.sleep(min(pause, max(remaining, 0.0)))
 
     async def waiting(self, session_id: str) -> list[str]:
         """The store ids of the clients waiting for ``session_id``, in the order they are served.
