@@ -20,7 +20,8 @@ The port's operations:
 
 ``acquire(request) -> AcquireReply``
     Atomically read ``state`` and the waiting hint ``w``, decide as the generic code does
-    (:func:`decide`), and when the lease is free write :func:`acquired_state` of the
+    (``docs/plugins.md``, "Sessions": the lease, the hint, the same owner), and when the
+    lease is free write :func:`acquired_state` of the
     stored bytes under a fresh version; return that state and the bytes of every chunk
     part the state references and the request does not list in ``held_chunks``. Cases a
     port does not handle natively (an absent session may be created, or not; a recovery
