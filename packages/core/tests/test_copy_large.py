@@ -380,6 +380,37 @@ async def test_a_unit_failing_midway_leaves_nothing_behind(
             assert [e.payload for e in state.events] == facts["journal"]
 
 
+class FailNthWriteAndDeletes(FailNthWrite):
+    """Also fails every delete: what the failed unit created cannot be taken back out."""
+
+    def next_fault(self, operation: str | None = None, *, eligible: Any = None) -> str | None:
+        if operation == "delete":
+            return self.fault
+        return super().next_fault(operation, eligible=eligible)
+
+
+async def test_a_failed_unit_says_what_it_could_not_take_back_out() -> None:
+    src = f"memory://small-{uuid.uuid4().hex[:10]}"
+    dst = small_destination()
+    async with connect(src) as a, connect(dst) as b:
+        await a.kv.setup()
+        await a.memory().write("notes/a.md", "first", expected_version=None)
+        await a.memory().write("notes/b.md", "second", expected_version=None)
+        # Writes: the directory listing (scope "memory:"), then a.md, then b.md fails.
+        faulty = FailNthWriteAndDeletes(3).wrap(b.kv)
+        report = await Transfer(a.kv, faulty, kinds=["memory"], jobs=1).copy()
+        [(scope, why)] = report.kinds["memory"].failed
+        assert scope == "memory:notes"
+        assert why.endswith(
+            "; 1 entry it created could not be removed from the destination "
+            "(copy again to complete the unit)"
+        ), why
+        assert [i.key for i in await b.kv.scan(scope, limit=10)] == ["a.md"]
+        # As the message says: copying again completes the unit.
+        assert (await Transfer(a.kv, b.kv, kinds=["memory"]).copy()).ok
+        assert (await Transfer(a.kv, b.kv, kinds=["memory"]).verify()).ok
+
+
 async def test_a_failed_run_leaves_no_index_entry(source: tuple[str, dict[str, Any]]) -> None:
     """The runs listing is copied after the runs: a run that failed is not listed."""
     src, _ = source

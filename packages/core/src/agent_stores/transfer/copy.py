@@ -152,6 +152,18 @@ class _UnitFailed(Exception):
     """The unit's copy failed; the message says why and what was taken back out."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Copied:
+    """One consistent pass over a unit: what the source held, what was written, and how."""
+
+    source: dict[str, Entry]
+    wanted: dict[str, Entry]
+    """The fitted entries the destination should hold (index entries of failed runs left out)."""
+    plan: dict[str, str]
+    """``key -> "create" | "replace"``: the entries that were (or in a dry run would be) written."""
+    rechunked: bool
+
+
 class Transfer:
     """Copies (or counts, or verifies) the data of ``src`` into ``dst``.
 
@@ -281,38 +293,10 @@ class Transfer:
         unsure: dict[str, bytes] = {}
         try:
             for _ in range(5):
-                await self._check_lease(kind, scope)
-                source = await _snapshot(self.src, scope)
-                target = await _snapshot(self.dst, scope)
-                fitted = fit(
-                    kind,
-                    scope,
-                    source,
-                    self.dst.limits.max_value_bytes,
-                    now=self.dst.clock(),
-                    existing=target,
-                )
-                if fitted.too_large:
-                    raise _TooLarge(fitted.too_large)
-                wanted = {k: e for k, e in fitted.entries.items() if k not in skip}
-                plan = _diff(wanted, target)
-                if not dry_run:
-                    await self._apply(scope, wanted, target, plan, created, unsure)
-                again = await _snapshot(self.src, scope)
-                await self._check_lease(kind, scope)
-                if _versions(again) != _versions(source):
-                    continue
-                stats.scopes += 1
-                stats.records += len(source)
-                size = sum(len(e.value) for e in source.values())
-                stats.bytes += size
-                stats.created += sum(1 for a in plan.values() if a == "create")
-                stats.updated += sum(1 for a in plan.values() if a == "replace")
-                stats.identical += len(wanted) - len(plan)
-                stats.rechunked += fitted.rechunked
-                if self.progress is not None:
-                    self.progress(Progress(kind, scope, len(source), size))
-                return
+                copied = await self._copy_once(kind, scope, dry_run, skip, created, unsure)
+                if copied is not None:
+                    self._count(kind, scope, stats, copied)
+                    return
             raise _Changing(scope)
         except (_Busy, _Changing, _TooLarge):
             if created or unsure:
@@ -321,18 +305,72 @@ class Transfer:
         except (AppError, ValueError, OSError) as exc:
             message = f"{exc}"
             if created or unsure:
-                removed, left = await self._undo(scope, created, unsure)
-                if left:
-                    message += (
-                        f"; {left} entr{'y' if left == 1 else 'ies'} it created could not be "
-                        "removed from the destination (copy again to complete the unit)"
-                    )
-                elif removed:
-                    message += (
-                        f"; the {removed} entr{'y' if removed == 1 else 'ies'} it had created "
-                        "in the destination were removed"
-                    )
+                message += await self._take_back(scope, created, unsure)
             raise _UnitFailed(message) from exc
+
+    async def _copy_once(
+        self,
+        kind: str,
+        scope: str,
+        dry_run: bool,
+        skip: frozenset[str],
+        created: dict[str, str],
+        unsure: dict[str, bytes],
+    ) -> _Copied | None:
+        """One pass over the unit; None when the source changed while it was copied."""
+        await self._check_lease(kind, scope)
+        source = await _snapshot(self.src, scope)
+        target = await _snapshot(self.dst, scope)
+        fitted = fit(
+            kind,
+            scope,
+            source,
+            self.dst.limits.max_value_bytes,
+            now=self.dst.clock(),
+            existing=target,
+        )
+        if fitted.too_large:
+            raise _TooLarge(fitted.too_large)
+        wanted = {k: e for k, e in fitted.entries.items() if k not in skip}
+        plan = _diff(wanted, target)
+        if not dry_run:
+            await self._apply(scope, wanted, target, plan, created, unsure)
+        again = await _snapshot(self.src, scope)
+        await self._check_lease(kind, scope)
+        if _versions(again) != _versions(source):
+            return None
+        return _Copied(source, wanted, plan, fitted.rechunked)
+
+    def _count(self, kind: str, scope: str, stats: KindStats, copied: _Copied) -> None:
+        """Add a copied unit to ``stats`` and report it to the progress callback."""
+        source, plan = copied.source, copied.plan
+        stats.scopes += 1
+        stats.records += len(source)
+        size = sum(len(e.value) for e in source.values())
+        stats.bytes += size
+        stats.created += sum(1 for a in plan.values() if a == "create")
+        stats.updated += sum(1 for a in plan.values() if a == "replace")
+        stats.identical += len(copied.wanted) - len(plan)
+        stats.rechunked += copied.rechunked
+        if self.progress is not None:
+            self.progress(Progress(kind, scope, len(source), size))
+
+    async def _take_back(
+        self, scope: str, created: dict[str, str], unsure: dict[str, bytes]
+    ) -> str:
+        """Undo what a failed unit wrote; what the failure message adds about it."""
+        removed, left = await self._undo(scope, created, unsure)
+        if left:
+            return (
+                f"; {left} entr{'y' if left == 1 else 'ies'} it created could not be "
+                "removed from the destination (copy again to complete the unit)"
+            )
+        if removed:
+            return (
+                f"; the {removed} entr{'y' if removed == 1 else 'ies'} it had created "
+                "in the destination were removed"
+            )
+        return ""
 
     async def _check_lease(self, kind: str, scope: str) -> None:
         if kind != "sessions" or self.src_sessions is None:

@@ -64,7 +64,9 @@ from ..sessions.records import (
 )
 from ..sessions.records import (
     STATE_KEY,
+    ChunkRef,
     RecordError,
+    StateHeader,
     decode_state,
     encode_state,
     split_parts,
@@ -83,6 +85,8 @@ RUN_STUB_FIELDS: dict[str, tuple[str, ...]] = {
     "r/": ("v",),
 }
 _RUN_CHUNK_PREFIX = "x/"
+# Digits of a run chunk's index: ``x/<sha256>/000000``.
+_RUN_CHUNK_WIDTH = 6
 # RunSpace.pack cuts chunks at this margin below the item limit.
 _RUN_PIECE_MARGIN = 64
 
@@ -229,6 +233,12 @@ class _Fitter:
         )
         self.handled.add(key)
 
+    def flag_big(self, keys: Iterable[str], reason: str) -> None:
+        """Flag the pieces of a group that do not fit (the others are copied as they are)."""
+        for key in keys:
+            if self.big(key):
+                self.flag(key, reason)
+
     def flag_rest(self) -> None:
         for key in sorted(self.source):
             if key not in self.handled and self.big(key):
@@ -251,52 +261,67 @@ class _Fitter:
     def put(self, key: str, value: bytes, expires_at: float | None) -> None:
         self.out[key] = Entry(value, "", expires_at)
 
+    def put_parts(
+        self, group: str, parts: list[bytes], expires_at: float | None, width: int
+    ) -> int:
+        """Write ``parts`` as ``<group>/<n>`` (``n`` zero-padded to ``width``); their count."""
+        for index, part in enumerate(parts):
+            self.put(f"{group}/{str(index).zfill(width)}", part, expires_at)
+        return len(parts)
+
     def drop(self, keys: Iterable[str]) -> None:
         for key in keys:
             self.out.pop(key, None)
             self.handled.add(key)
 
+    def oversized_groups(self, groups: dict[str, list[str]]) -> dict[str, list[str]]:
+        return {g: keys for g, keys in groups.items() if any(self.big(k) for k in keys)}
+
+    def recut(self, group: str, keys: list[str], data: bytes, size: int, width: int) -> int:
+        """Replace the parts ``keys`` of ``group`` by ``data`` cut at ``size``; the new count.
+
+        The new parts live as long as the longest-lived old one.
+        """
+        expires = _latest(self.source[k].expires_at for k in keys)
+        self.drop(keys)
+        return self.put_parts(group, split_parts(data, size), expires, width)
+
     # -- sessions ---------------------------------------------------------------------
 
     def sessions(self) -> None:
-        groups = _groups(self.source, SESSION_CHUNK_PREFIX)
-        wanted = {g: keys for g, keys in groups.items() if any(self.big(k) for k in keys)}
+        wanted = self.oversized_groups(_groups(self.source, SESSION_CHUNK_PREFIX))
         if not wanted:
             return
         state = self.source.get(STATE_KEY)
-        header = tail = None
-        if state is not None:
-            try:
-                header, tail = decode_state(state.value)
-            except RecordError:
-                for keys in wanted.values():
-                    for key in keys:
-                        if self.big(key):
-                            self.flag(
-                                key,
-                                "the session's state does not decode, so its chunks cannot be re-cut",
-                            )
-                return
-        refs = {} if header is None else {ref.key: ref for ref in header.chunks}
+        try:
+            decoded = None if state is None else decode_state(state.value)
+        except RecordError:
+            for keys in wanted.values():
+                self.flag_big(
+                    keys, "the session's state does not decode, so its chunks cannot be re-cut"
+                )
+            return
+        refs = {} if decoded is None else {ref.key: ref for ref in decoded[0].chunks}
         counts: dict[str, int] = {}
         for group, keys in wanted.items():
-            data = _joined(self.source, keys)
-            ref = refs.get(group)
-            if ref is not None and (ref.parts != len(keys) or ref.size != len(data)):
-                for key in keys:
-                    if self.big(key):
-                        self.flag(
-                            key, "the history chunk does not match its reference in the state"
-                        )
-                continue
-            expires = _latest(self.source[k].expires_at for k in keys)
-            self.drop(keys)
-            parts = split_parts(data, self.limit)
-            for index, part in enumerate(parts):
-                self.put(f"{group}/{index}", part, expires)
-            counts[group] = len(parts)
-        if header is None or tail is None or state is None:
-            return
+            count = self.recut_history(group, keys, refs.get(group))
+            if count is not None:
+                counts[group] = count
+        if state is not None and decoded is not None:
+            self.recount_state(state, *decoded, counts)
+
+    def recut_history(self, group: str, keys: list[str], ref: ChunkRef | None) -> int | None:
+        """Re-cut one history chunk; its new part count, None when it disagrees with ``ref``."""
+        data = _joined(self.source, keys)
+        if ref is not None and (ref.parts != len(keys) or ref.size != len(data)):
+            self.flag_big(keys, "the history chunk does not match its reference in the state")
+            return None
+        return self.recut(group, keys, data, self.limit, width=0)
+
+    def recount_state(
+        self, state: Entry, header: StateHeader, tail: bytes, counts: dict[str, int]
+    ) -> None:
+        """Rewrite the part counts of the re-cut chunks in the state, and nothing else."""
         chunks = tuple(
             replace(ref, parts=counts[ref.key]) if ref.key in counts else ref
             for ref in header.chunks
@@ -311,43 +336,7 @@ class _Fitter:
 
     def memory(self, now: float, existing: dict[str, Entry]) -> None:
         for name, entry in self.source.items():
-            if name.startswith(INTERNAL_KEY_MARK) or name.endswith(MARKER_SUFFIX):
-                continue
-            try:
-                record = FileRecord.load(entry.value, where=repr(f"{self.scope}/{name}"))
-            except CorruptRecordError:
-                continue  # flagged below if it is too large
-            if not record.live:
-                continue
-            own = (record.chunk_keys(name) if record.chunked else []) + record.metadata_keys(name)
-            if not self.big(name) and not any(k in self.source and self.big(k) for k in own):
-                continue
-            if any(k not in self.source for k in own):
-                continue  # damaged: its oversized pieces are flagged below
-            try:
-                content = (
-                    "".join(decode_text(self.source[k].value) for k in record.chunk_keys(name))
-                    if record.chunked
-                    else record.content or ""
-                )
-                metadata = record.metadata
-                if record.metadata_chunks:
-                    metadata = decode_text(_joined(self.source, record.metadata_keys(name)))
-            except UnicodeDecodeError:
-                continue  # damaged: flagged below
-            if len(content) != record.length:
-                continue  # damaged: flagged below
-            expires = _latest([entry.expires_at, *(self.source[k].expires_at for k in own)])
-            token = record.token or _memory_token(name, record, now, existing)
-            new = _memory_record(name, record, content, metadata, token, self.limit)
-            if new is None:
-                continue  # flagged below: it cannot fit in any shape
-            rewritten, pieces = new
-            self.drop(own)
-            self.handled.add(name)
-            for key, piece in pieces.items():
-                self.put(key, piece, expires)
-            self.put(name, rewritten, entry.expires_at)
+            self.refit_file(name, entry, now, existing)
         for key in self.source:
             if key.startswith(MEMORY_CHUNK_PREFIX) and key not in self.handled and self.big(key):
                 self.flag(
@@ -356,38 +345,62 @@ class _Fitter:
                     "write; collect_garbage() on the source removes it)",
                 )
 
+    def refit_file(self, name: str, entry: Entry, now: float, existing: dict[str, Entry]) -> None:
+        """Re-cut the file at ``name`` when it or one of its chunks does not fit.
+
+        A file that does not decode, misses a chunk or cannot fit in any shape is left
+        as it is: :meth:`flag_rest` lists its oversized pieces.
+        """
+        record = _live_file(name, entry, where=repr(f"{self.scope}/{name}"))
+        if record is None:
+            return
+        own = _own_keys(name, record)
+        if not self.big(name) and not any(k in self.source and self.big(k) for k in own):
+            return
+        data = _file_data(self.source, name, record, own)
+        if data is None:
+            return
+        content = data.content or ""
+        if len(content) != record.length:
+            return
+        token = record.token or _memory_token(name, record, now, existing)
+        new = _memory_record(name, record, content, data.metadata, token, self.limit)
+        if new is None:
+            return
+        rewritten, pieces = new
+        expires = _latest([entry.expires_at, *(self.source[k].expires_at for k in own)])
+        self.drop(own)
+        self.handled.add(name)
+        for key, piece in pieces.items():
+            self.put(key, piece, expires)
+        self.put(name, rewritten, entry.expires_at)
+
     # -- runs -------------------------------------------------------------------------
 
     def runs(self) -> None:
         piece = max(1024, self.limit - _RUN_PIECE_MARGIN)
-        groups = _groups(self.source, _RUN_CHUNK_PREFIX, width=6)
-        stubs: dict[str, dict[str, Any]] = {}
+        groups = _groups(self.source, _RUN_CHUNK_PREFIX, width=_RUN_CHUNK_WIDTH)
+        stubs = _run_stubs(self.source)
+        counts = self.recut_blobs(groups, piece)
+        self.recount_stubs(stubs, counts)
         for key, entry in self.source.items():
-            if key.startswith(_RUN_CHUNK_PREFIX):
-                continue
-            try:
-                record = decode_record(entry.value, what=key)
-            except CorruptRecordError:
-                continue
-            if isinstance(record.get("blob"), dict):
-                stubs[key] = record
+            if key not in stubs and not key.startswith(_RUN_CHUNK_PREFIX) and self.big(key):
+                self.stub_record(key, entry, groups, counts, piece)
+
+    def recut_blobs(self, groups: dict[str, list[str]], piece: int) -> dict[str, int]:
+        """Re-cut the blobs with a part that does not fit; ``sha256 -> new chunk count``."""
         counts: dict[str, int] = {}
-        for group, keys in groups.items():
-            if not any(self.big(k) for k in keys):
-                continue
+        for group, keys in self.oversized_groups(groups).items():
             data = _joined(self.source, keys)
             sha = group[len(_RUN_CHUNK_PREFIX) :]
             if digest(data) != sha:
-                for key in keys:
-                    if self.big(key):
-                        self.flag(key, "the run chunks do not match their checksum")
+                self.flag_big(keys, "the run chunks do not match their checksum")
                 continue
-            expires = _latest(self.source[k].expires_at for k in keys)
-            self.drop(keys)
-            pieces = split_parts(data, piece)
-            for index, part in enumerate(pieces):
-                self.put(f"{group}/{index:06d}", part, expires)
-            counts[sha] = len(pieces)
+            counts[sha] = self.recut(group, keys, data, piece, width=_RUN_CHUNK_WIDTH)
+        return counts
+
+    def recount_stubs(self, stubs: dict[str, dict[str, Any]], counts: dict[str, int]) -> None:
+        """Rewrite the chunk count in every stub that references a re-cut blob."""
         for key, record in stubs.items():
             blob = record["blob"]
             sha = blob.get("sha256")
@@ -395,36 +408,116 @@ class _Fitter:
                 stub = {**record, "blob": {**blob, "chunks": counts[sha]}}
                 self.handled.add(key)
                 self.put(key, canonical(stub), self.source[key].expires_at)
-        for key, entry in self.source.items():
-            if key in stubs or key.startswith(_RUN_CHUNK_PREFIX) or not self.big(key):
-                continue
-            keep = next((f for p, f in RUN_STUB_FIELDS.items() if key.startswith(p)), None)
-            if keep is None:
-                continue  # flagged: readers never unpack this kind of record
-            try:
-                record = decode_record(entry.value, what=key)
-            except CorruptRecordError:
-                continue
-            data = entry.value
-            sha = digest(data)
-            group = f"{_RUN_CHUNK_PREFIX}{sha}"
-            count = counts.get(sha)
-            if count is None:
-                present = groups.get(group)
-                if present is not None and all(not self.big(k) for k in present):
-                    count = len(present)  # the same bytes are already chunked: reuse them
-                else:
-                    pieces = split_parts(data, piece)
-                    for index, part in enumerate(pieces):
-                        self.put(f"{group}/{index:06d}", part, entry.expires_at)
-                    count = counts[sha] = len(pieces)
-            stub = {name: record[name] for name in keep if name in record}
-            stub["blob"] = {"sha256": sha, "chunks": count, "size": len(data)}
-            self.handled.add(key)
-            self.put(key, canonical(stub), entry.expires_at)
+
+    def stub_record(
+        self,
+        key: str,
+        entry: Entry,
+        groups: dict[str, list[str]],
+        counts: dict[str, int],
+        piece: int,
+    ) -> None:
+        """Turn an inline record too large for the destination into a stub and chunks,
+        as the checkpointer writes it; left as it is (and flagged) when readers never
+        unpack its kind or it does not decode."""
+        keep = next((f for p, f in RUN_STUB_FIELDS.items() if key.startswith(p)), None)
+        if keep is None:
+            return
+        try:
+            record = decode_record(entry.value, what=key)
+        except CorruptRecordError:
+            return
+        data = entry.value
+        sha = digest(data)
+        count = counts.get(sha)
+        if count is None:
+            count = self.blob_chunks(sha, data, entry.expires_at, groups, counts, piece)
+        stub = {name: record[name] for name in keep if name in record}
+        stub["blob"] = {"sha256": sha, "chunks": count, "size": len(data)}
+        self.handled.add(key)
+        self.put(key, canonical(stub), entry.expires_at)
+
+    def blob_chunks(
+        self,
+        sha: str,
+        data: bytes,
+        expires_at: float | None,
+        groups: dict[str, list[str]],
+        counts: dict[str, int],
+        piece: int,
+    ) -> int:
+        """The chunk count of blob ``sha`` (not re-cut above): chunks of the same bytes
+        already in the unit, or ``data`` cut here (counted in ``counts``)."""
+        group = f"{_RUN_CHUNK_PREFIX}{sha}"
+        present = groups.get(group)
+        if present is not None and all(not self.big(k) for k in present):
+            return len(present)  # the same bytes are already chunked: reuse them
+        parts = split_parts(data, piece)
+        count = counts[sha] = self.put_parts(group, parts, expires_at, width=_RUN_CHUNK_WIDTH)
+        return count
+
+
+def _run_stubs(entries: dict[str, Entry]) -> dict[str, dict[str, Any]]:
+    """The decoded records of the unit that reference a blob (``"blob": {...}``)."""
+    stubs: dict[str, dict[str, Any]] = {}
+    for key, entry in entries.items():
+        if key.startswith(_RUN_CHUNK_PREFIX):
+            continue
+        try:
+            record = decode_record(entry.value, what=key)
+        except CorruptRecordError:
+            continue
+        if isinstance(record.get("blob"), dict):
+            stubs[key] = record
+    return stubs
 
 
 # -- memory helpers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _FileData:
+    content: str | None
+    """None for a record with neither inline content nor chunks."""
+    metadata: str | None
+
+
+def _live_file(name: str, entry: Entry, *, where: str) -> FileRecord | None:
+    """The record of the live file at ``name``; None for other keys, tombstones and
+    records that do not decode."""
+    if name.startswith(INTERNAL_KEY_MARK) or name.endswith(MARKER_SUFFIX):
+        return None
+    try:
+        record = FileRecord.load(entry.value, where=where)
+    except CorruptRecordError:
+        return None
+    return record if record.live else None
+
+
+def _own_keys(name: str, record: FileRecord) -> list[str]:
+    """The content and metadata chunk keys ``record`` references."""
+    return (record.chunk_keys(name) if record.chunked else []) + record.metadata_keys(name)
+
+
+def _file_data(
+    entries: dict[str, Entry], name: str, record: FileRecord, own: list[str]
+) -> _FileData | None:
+    """The content and metadata of a file, joined from its chunks (``own``); None when a
+    chunk is missing or not text."""
+    if any(k not in entries for k in own):
+        return None
+    try:
+        content = (
+            "".join(decode_text(entries[k].value) for k in record.chunk_keys(name))
+            if record.chunked
+            else record.content
+        )
+        metadata = record.metadata
+        if record.metadata_chunks:
+            metadata = decode_text(_joined(entries, record.metadata_keys(name)))
+    except UnicodeDecodeError:
+        return None
+    return _FileData(content, metadata)
 
 
 def _memory_token(name: str, record: FileRecord, now: float, existing: dict[str, Entry]) -> str:
@@ -518,34 +611,19 @@ def _memory_view(entries: dict[str, Entry]) -> dict[str, Entry]:
     view = dict(entries)
     absorbed: set[str] = set()
     for name, entry in entries.items():
-        if name.startswith(INTERNAL_KEY_MARK) or name.endswith(MARKER_SUFFIX):
+        record = _live_file(name, entry, where=name)
+        if record is None:
             continue
-        try:
-            record = FileRecord.load(entry.value, where=name)
-        except CorruptRecordError:
-            continue
-        if not record.live:
-            continue
-        own = (record.chunk_keys(name) if record.chunked else []) + record.metadata_keys(name)
-        if any(k not in entries for k in own):
-            continue
-        try:
-            content = (
-                "".join(decode_text(entries[k].value) for k in record.chunk_keys(name))
-                if record.chunked
-                else record.content
-            )
-            metadata = record.metadata
-            if record.metadata_chunks:
-                metadata = decode_text(_joined(entries, record.metadata_keys(name)))
-        except UnicodeDecodeError:
+        own = _own_keys(name, record)
+        data = _file_data(entries, name, record, own)
+        if data is None:
             continue
         doc = {
             "version": record.version,
             "operation_id": record.operation_id,
             "length": record.length,
-            "content": content,
-            "metadata": metadata,
+            "content": data.content,
+            "metadata": data.metadata,
             "receipts": [r.dump() for r in record.receipts],
         }
         # ASCII escapes: content may hold lone surrogates.
@@ -558,7 +636,7 @@ def _memory_view(entries: dict[str, Entry]) -> dict[str, Entry]:
 
 def _run_view(entries: dict[str, Entry]) -> dict[str, Entry]:
     view = dict(entries)
-    groups = _groups(entries, _RUN_CHUNK_PREFIX, width=6)
+    groups = _groups(entries, _RUN_CHUNK_PREFIX, width=_RUN_CHUNK_WIDTH)
     for group, keys in groups.items():
         for key in keys:
             del view[key]
