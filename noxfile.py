@@ -307,6 +307,101 @@ def _throwaway_venv(session: nox.Session, installs: list[str]) -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _contract_on_url(
+    session: nox.Session,
+    ours: dict[str, list[str]],
+    pytest_args: list[str],
+    pytest_env: dict[str, str],
+    suite: str,
+) -> None:
+    """``--url URL [--install ...]``: the suite on one URL (a third party's backend)."""
+    url = ours["--url"][0]
+    if not ours["--install"]:
+        _run_contract(session, "the given URL", url, pytest_args, env=pytest_env, suite=suite)
+        return
+    with _throwaway_venv(session, ours["--install"]) as python:
+        _run_contract(
+            session,
+            "the given URL",
+            url,
+            pytest_args,
+            python_bin=python,
+            env=pytest_env,
+            suite=suite,
+        )
+
+
+def _chosen_targets(
+    session: nox.Session,
+    names: list[str],
+    ours: dict[str, list[str]],
+    examples: Mapping[str, tuple[str, str]],
+) -> tuple[list[str], set[str]]:
+    """The targets to run (named, or all) and those excluded; every backend must be able to run."""
+    excluded = {n for n in os.environ.get(EXCLUDE_ENV, "").replace(",", " ").split() if n}
+    excluded |= set(ours["--exclude"])
+    unknown = excluded - set(BACKENDS) - set(examples)
+    if unknown:
+        session.error(f"cannot exclude unknown backend(s) {sorted(unknown)}")
+    chosen = [n for n in (names or [*BACKENDS, *examples]) if n not in excluded]
+    missing = {n: _why_unavailable(n) for n in chosen if n in BACKENDS and not BACKENDS[n][0]()}
+    if missing:
+        # No silent skip: a backend either runs, or the caller excluded it by name.
+        lines = [f"  {n}: {why}" for n, why in missing.items()]
+        session.error(
+            "cannot run the contract on every selected backend:\n"
+            + "\n".join(lines)
+            + f"\ninstall what is named, or exclude it: --exclude NAME or {EXCLUDE_ENV}=NAME,..."
+        )
+    return chosen, excluded
+
+
+def _contract_on_backend(
+    session: nox.Session,
+    name: str,
+    pytest_args: list[str],
+    pytest_env: dict[str, str],
+    suite: str,
+    outcomes: dict[str, list[str]],
+) -> None:
+    """The suite on each target of one of our backends, its servers started and stopped."""
+    _, urls = BACKENDS[name]
+    try:
+        with urls() as found:
+            for label, url in found.items():
+                try:
+                    _run_contract(session, label, url, pytest_args, env=pytest_env, suite=suite)
+                    outcomes["passed"].append(label)
+                except nox.command.CommandFailed:
+                    outcomes["failed"].append(label)
+    except nox.command.CommandFailed:
+        raise
+    except Exception as exc:  # a server script failed to start its server
+        outcomes["failed"].append(name)
+        session.warn(f"{name}: could not start its server: {exc}")
+
+
+def _contract_on_example(
+    session: nox.Session,
+    label: str,
+    example: tuple[str, str],
+    pytest_args: list[str],
+    pytest_env: dict[str, str],
+    suite: str,
+    outcomes: dict[str, list[str]],
+) -> None:
+    """The suite on a worked example, installed like somebody else's backend."""
+    folder, url = example
+    try:
+        with _throwaway_venv(session, [str(ROOT / folder)]) as python:
+            _run_contract(
+                session, label, url, pytest_args, python_bin=python, env=pytest_env, suite=suite
+            )
+        outcomes["passed"].append(label)
+    except nox.command.CommandFailed:
+        outcomes["failed"].append(label)
+
+
 def _contract_run(
     session: nox.Session,
     pytest_env: dict[str, str],
@@ -319,66 +414,19 @@ def _contract_run(
     if ours["--url"]:
         if len(ours["--url"]) > 1 or names:
             session.error("--url takes one URL and no backend names")
-        url = ours["--url"][0]
-        if ours["--install"]:
-            with _throwaway_venv(session, ours["--install"]) as python:
-                _run_contract(
-                    session,
-                    "the given URL",
-                    url,
-                    pytest_args,
-                    python_bin=python,
-                    env=pytest_env,
-                    suite=suite,
-                )
-        else:
-            _run_contract(session, "the given URL", url, pytest_args, env=pytest_env, suite=suite)
+        _contract_on_url(session, ours, pytest_args, pytest_env, suite)
         return
     if ours["--install"]:
         session.error("--install goes with --url URL (a third-party backend)")
-    excluded = {n for n in os.environ.get(EXCLUDE_ENV, "").replace(",", " ").split() if n}
-    excluded |= set(ours["--exclude"])
-    unknown = excluded - set(BACKENDS) - set(examples)
-    if unknown:
-        session.error(f"cannot exclude unknown backend(s) {sorted(unknown)}")
-    chosen = [n for n in (names or [*BACKENDS, *examples]) if n not in excluded]
-    selected = [n for n in chosen if n in BACKENDS]
-    missing = {n: _why_unavailable(n) for n in selected if not BACKENDS[n][0]()}
-    if missing:
-        # No silent skip: a backend either runs, or the caller excluded it by name.
-        lines = [f"  {n}: {why}" for n, why in missing.items()]
-        session.error(
-            "cannot run the contract on every selected backend:\n"
-            + "\n".join(lines)
-            + f"\ninstall what is named, or exclude it: --exclude NAME or {EXCLUDE_ENV}=NAME,..."
-        )
-    passed: list[str] = []
-    failed: list[str] = []
-    for name in selected:
-        _, urls = BACKENDS[name]
-        try:
-            with urls() as found:
-                for label, url in found.items():
-                    try:
-                        _run_contract(session, label, url, pytest_args, env=pytest_env, suite=suite)
-                        passed.append(label)
-                    except nox.command.CommandFailed:
-                        failed.append(label)
-        except nox.command.CommandFailed:
-            raise
-        except Exception as exc:  # a server script failed to start its server
-            failed.append(name)
-            session.warn(f"{name}: could not start its server: {exc}")
+    chosen, excluded = _chosen_targets(session, names, ours, examples)
+    outcomes: dict[str, list[str]] = {"passed": [], "failed": []}
+    for name in (n for n in chosen if n in BACKENDS):
+        _contract_on_backend(session, name, pytest_args, pytest_env, suite, outcomes)
     for label in (n for n in chosen if n in examples):
-        folder, url = examples[label]
-        try:
-            with _throwaway_venv(session, [str(ROOT / folder)]) as python:
-                _run_contract(
-                    session, label, url, pytest_args, python_bin=python, env=pytest_env, suite=suite
-                )
-            passed.append(label)
-        except nox.command.CommandFailed:
-            failed.append(label)
+        _contract_on_example(
+            session, label, examples[label], pytest_args, pytest_env, suite, outcomes
+        )
+    passed, failed = outcomes["passed"], outcomes["failed"]
     session.log(f"contract summary: passed {passed or '-'}; failed {failed or '-'}")
     if excluded:
         session.log(f"contract summary: EXCLUDED by option/{EXCLUDE_ENV}: {sorted(excluded)}")
