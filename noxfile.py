@@ -1,4 +1,4 @@
-"""Development tasks: ``nox -s tests contract lint docs`` is what CI runs.
+"""Development tasks: ``nox -s tests contract install synaptum lint docs`` is what CI runs.
 
 Sessions install the locked workspace (``uv.lock``) into their own virtualenv with
 ``uv sync --frozen``. Backends are tested against real servers started and stopped by
@@ -10,6 +10,7 @@ Sessions install the locked workspace (``uv.lock``) into their own virtualenv wi
     nox -s contract -- --url URL [--install PATH_OR_REQUIREMENT ...]
                                      # any backend (third parties; throwaway virtualenv)
     nox -s contract-deep             # the KV contract with a large model-test budget
+    nox -s contract-stress -- [--runs N] [sqlite redis]   # the contract N times under CPU load
     nox -s synaptum                  # the Synaptum adapter tests on Python 3.13
 """
 
@@ -636,3 +637,19 @@ def bench(session: nox.Session) -> None:
         markdown = [] if quick else ["--markdown", "docs/benchmarks.md"]
         session.run(python, "benchmarks/side_by_side.py", *quick, *markdown, external=True, env=env)
         session.run("python", "benchmarks/run.py", *quick, *args, env=env)
+
+
+@nox.session(name="contract-stress", python=False)
+def contract_stress(session: nox.Session) -> None:
+    """The contract N times per backend while busy loops load every core; failures counted.
+
+    ``-- [--runs N] [BACKEND ...] [-- PYTEST_ARGS]`` (default: 20 runs on sqlite and redis).
+    Each run is ``nox -s contract -- BACKEND``; logs and report.json / report.md go to
+    .nox/contract-stress/ (``--report DIR``). See scripts/stress_contract.py.
+    """
+    session.run(
+        sys.executable,
+        str(ROOT / "scripts" / "stress_contract.py"),
+        *session.posargs,
+        external=True,
+    )

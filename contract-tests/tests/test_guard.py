@@ -177,3 +177,31 @@ class TestMine(KVContract):
     result = _run(pytester, body, "-k", "test_create_then_get", "--contract-timeout", "2")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*did not finish within 2 s: the backend under test hung*"])
+
+
+@pytest.mark.parametrize(
+    "skip",
+    [
+        'pytest.importorskip("a_client_library_not_installed_here")',
+        'pytest.skip("no server here", allow_module_level=True)',
+    ],
+    ids=["importorskip", "module-level-skip"],
+)
+def test_a_skipped_contract_module_fails_the_run(pytester: pytest.Pytester, skip: str) -> None:
+    result = _run(pytester, f"{skip}\n\nclass TestMine(KVContract):\n    pass\n")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*uses the agent-stores contract and was skipped*"])
+
+
+def test_a_skipped_module_without_contract_classes_stays_skipped(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_other="""
+import pytest
+import agent_stores_contract
+pytest.skip("unrelated", allow_module_level=True)
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)

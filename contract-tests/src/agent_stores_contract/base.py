@@ -12,9 +12,10 @@ run against a shared server without touching other data.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import ClassVar, Literal
 
 import pytest
@@ -22,6 +23,15 @@ import pytest_asyncio
 from agent_stores import KVStore, open_kv
 
 KVFactory = Callable[[], KVStore]
+
+#: How long a test waits for something that takes real time (a worker process starting, a
+#: lease renewal on the event loop's timer) before it fails. Generous: a loaded machine
+#: must never fail a healthy backend; expiry itself is tested on the store's clock.
+REAL_TIME_LIMIT_SECONDS = 120.0
+
+#: At most this many rounds of listing and dropping when cleaning up (a broken ``scopes``
+#: that keeps naming new scopes would otherwise keep the cleanup going).
+CLEANUP_ROUNDS = 1000
 
 #: How a capability skip's reason starts; the plugin lists these in the run's summary
 #: and fails any other skip of a contract test.
@@ -38,6 +48,26 @@ def require_capability(kv: KVStore, capability: str, why: str) -> None:
         pytest.skip(f"{CAPABILITY_SKIP} {capability}=False ({kv.backend_name}): {why}")
 
 
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]],
+    what: str,
+    *,
+    limit_seconds: float = REAL_TIME_LIMIT_SECONDS,
+    interval_seconds: float = 0.01,
+) -> None:
+    """Poll ``condition`` until it holds: the contract's wait for real time, never a fixed sleep.
+
+    Fails naming ``what`` after ``limit_seconds``, so a backend that never gets there
+    fails the test instead of hanging it.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_seconds
+    while not await condition():
+        if loop.time() >= deadline:
+            raise AssertionError(f"still waiting after {limit_seconds:g} s: {what}")
+        await asyncio.sleep(interval_seconds)
+
+
 async def drop_namespace(store: KVStore, ns: str) -> int:
     """Drop every scope whose name starts with ``ns``: the suite leaves nothing behind.
 
@@ -51,7 +81,10 @@ async def drop_namespace(store: KVStore, ns: str) -> int:
         # Bounded: every round must drop scopes not dropped before. A backend whose
         # drop_scope leaves entries behind stops the cleanup here (its KV test
         # kv.drop_scope_leaves_nothing names the rule) instead of looping until a timeout.
-        while names := await store.scopes(prefix=ns, limit=100):
+        for _ in range(CLEANUP_ROUNDS):
+            names = await store.scopes(prefix=ns, limit=100)
+            if not names:
+                break
             again = sorted(set(names) & done)
             if again:
                 warnings.warn(
@@ -63,6 +96,12 @@ async def drop_namespace(store: KVStore, ns: str) -> int:
             for name in names:
                 await store.drop_scope(name)
                 done.add(name)
+        else:
+            warnings.warn(
+                f"contract cleanup: scopes {ns}* still listed after {CLEANUP_ROUNDS} rounds; "
+                "cleanup stopped",
+                stacklevel=1,
+            )
     except Exception as exc:
         warnings.warn(f"contract cleanup of scopes {ns}* failed: {exc!r}", stacklevel=1)
     return len(done)

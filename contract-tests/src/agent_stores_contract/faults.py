@@ -557,7 +557,11 @@ class FaultContract(ContractBase):
         self, silent: tuple[TCPProxy, str] | None, store_url: str, ns: str
     ) -> None:
         """Two clients on one session, the owner's server going silent after it acquired: the owner is interrupted with SESSION_LEASE_LOST before its lease expires, and the other client acquires only after that — never two turns at once."""
-        lease = 4.0
+        # Real time is the point here (the owner must stop by its own timer, the server
+        # cannot tell it). The store stops an owner 10 % of the lease before it ends, at
+        # most 1 s: at 10 s that margin is the full second, so a loaded machine's slow
+        # event loop still lets the owner learn of the loss before its lease runs out.
+        lease = 10.0
         prefix = f"{ns}:silent:"
         injector: KVFaultInjector | None = None
         if silent is None:  # no network to cut: the KV-level injector goes silent instead

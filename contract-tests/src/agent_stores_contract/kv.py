@@ -96,7 +96,9 @@ def check_counter_history(initial: str, wins: list[Win], final: Entry | None, to
         )
         successor[win.replaced] = win
     version, value, steps = initial, 0, 0
-    while version in successor:
+    # Bounded by the number of wins: a backend that hands out a version again would
+    # otherwise send this walk round a cycle forever.
+    while version in successor and steps <= total:
         win = successor[version]
         assert win.value == value + 1, f"swap {win} did not increment {value}"
         version, value, steps = win.version, win.value, steps + 1
@@ -300,6 +302,12 @@ class KVContract(ContractBase):
                     )
                 except ConflictError:
                     conflicts += 1
+                    # A swap loses only to another task's win since its read: far more
+                    # conflicts than that means swaps on the current version fail.
+                    assert conflicts <= tasks * tasks * per_task, (
+                        f"{conflicts} conflicts for {len(wins)} wins: a swap on the "
+                        "current version keeps failing"
+                    )
                     continue
                 wins.append(Win(entry.version, version, value))
                 done += 1
@@ -627,13 +635,16 @@ class KVContract(ContractBase):
             await kv.create(ns, key, b"v")
         seen: list[str] = []
         start_after: str | None = None
-        while True:
+        # Bounded: a backend whose pages never end fails here, not at the test's timeout.
+        for _ in range(len(keys) // 10 + 2):
             page = await kv.scan(ns, start_after=start_after, limit=10)
             assert len(page) <= 10
             seen += [i.key for i in page]
             if len(page) < 10:
                 break
             start_after = page[-1].key
+        else:
+            raise AssertionError(f"paging by 10 never ended: {len(seen)} keys so far")
         assert seen == keys
         assert [i.key for i in await kv.scan(ns, start_after="k050", limit=3)] == [
             "k051",
@@ -839,13 +850,15 @@ class KVContract(ContractBase):
         for limit in range(1, len(keys) + 2):
             seen: list[str] = []
             start_after: str | None = None
-            while True:
+            for _ in range(len(keys) // limit + 2):
                 page = await kv.scan(ns, start_after=start_after, limit=limit, values=False)
                 assert len(page) <= limit
                 seen += [i.key for i in page]
                 if len(page) < limit:
                     break
                 start_after = page[-1].key
+            else:
+                raise AssertionError(f"paging by {limit} never ended: {seen[: 3 * len(keys)]}")
             assert seen == keys, f"paging by {limit}: {seen}"
 
     async def test_scan_byte_order_non_ascii_paging(self, kv: KVStore, ns: str) -> None:

@@ -10,7 +10,9 @@
 * Skips are policed: a contract test may only skip through
   :func:`~agent_stores_contract.base.require_capability` (the backend's declared
   capabilities justify it); those skips are listed in the run's summary, any other skip
-  of a contract test fails it.
+  of a contract test fails it (in its body, a fixture or a skip mark), and so does a
+  skip of a whole test module that uses the contract (``pytest.importorskip``, a
+  module-level ``pytest.skip``), which would leave its tests uncollected.
 * Every contract test carries a behaviour id (``kv.create_then_get``), recorded in the
   test's ``user_properties`` (and so in JUnit XML) and listed in ``docs/contract.md``.
 * Port reach: the summary lists, per port method the port contract drove, how many tests
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Generator
 from typing import Any
 
@@ -286,7 +289,39 @@ def pytest_runtest_makereport(
     return report
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    if report.skipped and isinstance(collector, pytest.Module) and _uses_contract(collector):
+        # Skipped while importing: its contract classes never reach the guard, so no
+        # capability can justify it and the run would look complete without them.
+        reason = _skip_reason(report)
+        report.outcome = "failed"
+        report.longrepr = (
+            f"test module {collector.nodeid} uses the agent-stores contract and was skipped "
+            f"({reason}); contract tests may only be skipped one by one, by "
+            "require_capability(). Make the backend runnable here, or exclude it from the run."
+        )
+    return report
+
+
+#: A class statement subclassing a contract class (``class TestMine(KVContract):``).
+_CONTRACT_SUBCLASS = re.compile(r"^\s*class\s+\w+\s*\([^)]*Contract\b", re.MULTILINE)
+
+
+def _uses_contract(module: pytest.Module) -> bool:
+    """The module imports the contract and subclasses one of its classes (read, not imported:
+    it failed to import)."""
+    try:
+        source = module.path.read_text(errors="replace")
+    except OSError:
+        return False
+    return "agent_stores_contract" in source and _CONTRACT_SUBCLASS.search(source) is not None
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2]).removeprefix("Skipped: ")

@@ -2,9 +2,11 @@
 
 ``python -m agent_stores_contract.session_workers COMMAND URL SESSION_ID ...``:
 
-``turns URL SESSION N LEASE [--barrier DIR K]``
+``turns URL SESSION N LEASE [--barrier DIR K] [--contend]``
     N turns on one session; each appends two messages tagged ``<pid>-<i>`` and prints
     ``{"tag", "start", "end", "seen"}`` (wall-clock ns inside the turn, messages seen).
+    With ``--contend``, the session's very first turn is held until the K - 1 other
+    processes wait in its queue.
 ``hold URL SESSION LEASE``
     One turn: checkpoint ``[checkpointed]``, replace with one more message (never saved),
     print ``{"ready": true}``, then sleep until killed.
@@ -28,6 +30,7 @@ from typing import Any
 
 from agent_stores import open_sessions
 from agent_stores.capabilities import session_checkpoints
+from agent_stores.sessions import SessionStore
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
@@ -40,7 +43,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from .workers import barrier_args, file_barrier
+from .workers import BARRIER_SECONDS, barrier_args, file_barrier
 
 # -- shared helpers ---------------------------------------------------------------------------
 
@@ -103,13 +106,19 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 async def turns(*raw: str) -> None:
-    """``URL SESSION N LEASE [--barrier DIR K]``: run N turns, each appending two tagged messages.
+    """``URL SESSION N LEASE [--barrier DIR K] [--contend]``: run N turns, each appending two
+    tagged messages.
 
     Prints one JSON line per turn (times in ns: asked for the session, got it, released
     it; messages seen). Behind the barrier, the processes start their turns
-    together, connected already.
+    together, connected already. ``--contend``: the first process to get the session
+    holds it until the others queue behind it, so they compete from their first turn
+    however late a loaded machine wakes them after the barrier.
     """
-    (url, session_id, count, lease), barrier = barrier_args(raw)
+    contend = "--contend" in raw
+    (url, session_id, count, lease), barrier = barrier_args(
+        tuple(arg for arg in raw if arg != "--contend")
+    )
     async with open_sessions(url, lease_seconds=float(lease)) as store:
         # Connected and warmed up (first-call costs: scripts, statements) before the barrier.
         async with store.turn(f"{session_id}.warm-up-{os.getpid()}") as warm:
@@ -122,10 +131,22 @@ async def turns(*raw: str) -> None:
                 start = time.time_ns()
                 tag = f"{os.getpid()}-{i}"
                 seen = len(session.messages)
+                if contend and seen == 0 and barrier is not None:
+                    await others_queued(store, session_id, int(barrier[1]) - 1)
                 await asyncio.sleep(random.random() * 0.005)
                 session.replace([*session.messages, *pair(tag)])
                 end = time.time_ns()
             emit({"tag": tag, "asked": asked, "start": start, "end": end, "seen": seen})
+
+
+async def others_queued(store: SessionStore, session_id: str, others: int) -> None:
+    """Wait until ``others`` clients wait in the session's queue (at most
+    :data:`~agent_stores_contract.workers.BARRIER_SECONDS`; then go on, and the test judges
+    whether the processes competed)."""
+    deadline = time.monotonic() + BARRIER_SECONDS
+    # Remote state (other processes' tickets): nothing to await but polling.
+    while len(await store.waiting(session_id)) < others and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.005)
 
 
 async def hold(url: str, session_id: str, lease: str) -> None:

@@ -13,9 +13,15 @@ docstring states its guarantee.
 
 Stores come from ``sessions_factory`` — ``connect(kv).sessions(owns_kv=True, **options)``
 on a new client from ``kv_factory`` — so a backend's native session store (from the
-``session_store`` hook) is what gets tested. Tests that force time forward set
-``store.kv.clock``: stores must read time from their KV store's clock. Tests that corrupt
-data use the documented layout (``store.storage.scope_for``, ``records.STATE_KEY``).
+``session_store`` hook) is what gets tested. Tests that corrupt data use the documented
+layout (``store.storage.scope_for``, ``records.STATE_KEY``).
+
+Time: leases, TTLs and expiry are tested on the store's clock (``store.kv.clock``, which
+stores must read time from): a test moves it instead of waiting, so a slow or loaded
+machine cannot decide the outcome. Real time is used only where it is the point — the
+renewal of a lease runs on the event loop's timer — with leases of several seconds
+against a renewal every third of one, and a bounded wait for a condition
+(:func:`~agent_stores_contract.base.wait_until`) instead of a fixed sleep.
 """
 
 from __future__ import annotations
@@ -72,7 +78,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDenied
 
-from .base import ContractBase, KVFactory, require_capability
+from .base import REAL_TIME_LIMIT_SECONDS, ContractBase, KVFactory, require_capability, wait_until
 from .session_workers import one_call_model, pair, prompts_model, texts
 
 SessionsFactory = Callable[..., Awaitable[SessionStore]]
@@ -83,10 +89,31 @@ SECRET = "SECRET-ARGUMENT-7f3a"
 T = TypeVar("T")
 
 
+#: The lease of a test about renewal, which runs on the event loop's timer every third
+#: of a lease: a renewal has two thirds of it (minus the store's margin) to get through,
+#: seconds even on a loaded machine.
+RENEWED_LEASE_SECONDS = 3.0
+
+#: The lease of a worker process that is killed inside its turn. Long, so it never runs
+#: out while the worker starts on a slow machine; the test then moves the survivor's
+#: clock past it (:data:`PAST_WORKER_LEASE_SECONDS`) instead of waiting.
+WORKER_LEASE_SECONDS = 30.0
+PAST_WORKER_LEASE_SECONDS = WORKER_LEASE_SECONDS + 1
+
+
 def offset_clock(store: SessionStore, seconds: float) -> None:
     """Move a store's notion of time forward (its KV store's clock decides leases and expiry)."""
     base = store.kv.clock
     store.kv.clock = lambda: base() + seconds
+
+
+async def outlast_lease(store: SessionStore, expires_at: float) -> None:
+    """Wait, in real time, until ``store``'s clock reads past ``expires_at``."""
+
+    async def past() -> bool:
+        return store.kv.clock() > expires_at
+
+    await wait_until(past, f"the clock passing the lease's end {expires_at}")
 
 
 class FlakyKV(CountingKV):
@@ -138,7 +165,9 @@ async def spawn(*args: str) -> asyncio.subprocess.Process:
     )
 
 
-async def read_json(proc: asyncio.subprocess.Process, wait_seconds: float = 60) -> dict[str, Any]:
+async def read_json(
+    proc: asyncio.subprocess.Process, wait_seconds: float = REAL_TIME_LIMIT_SECONDS
+) -> dict[str, Any]:
     """The next JSON line a worker prints (fails with its stderr if it exits first)."""
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), wait_seconds)
@@ -465,7 +494,9 @@ class SessionContract(ContractBase):
         require_processes(kv)
         sid = f"{ns}:procs"
         per_process = 8
-        barrier = ["--barrier", str(tmp_path), "4"]
+        # --contend: the first turn waits for the others to queue, so the processes compete
+        # however unevenly a loaded machine wakes them after the barrier.
+        barrier = ["--barrier", str(tmp_path), "4", "--contend"]
         procs = [
             await spawn("turns", store_url, sid, str(per_process), "3", *barrier) for _ in range(4)
         ]
@@ -612,7 +643,11 @@ class SessionContract(ContractBase):
         async with ghost.turn(sid, timeout_seconds=30) as session:
             # Held by the ghost's store now, so the waiter below must queue behind the ticket.
             blocked = asyncio.create_task(self._one_turn(waiter, sid, "second"))
-            await asyncio.sleep(0.2)
+
+            async def queued() -> bool:
+                return waiter.store_id in await waiter.waiting(sid)
+
+            await wait_until(queued, "the waiter taking its place in the queue")
             session.replace([*session.messages, *pair("ghost")])
         await asyncio.wait_for(blocked, 60)
         assert texts(await waiter.read_messages(sid) or []) == [
@@ -635,12 +670,12 @@ class SessionContract(ContractBase):
         self, sessions_factory: SessionsFactory, ns: str
     ) -> None:
         """A turn longer than its lease keeps the session: renewals hold off other clients and the turn saves."""
-        store = await sessions_factory(lease_seconds=1)
-        other = await sessions_factory(lease_seconds=1)
+        store = await sessions_factory(lease_seconds=RENEWED_LEASE_SECONDS)
+        other = await sessions_factory(lease_seconds=RENEWED_LEASE_SECONDS)
         sid = f"{ns}:long"
         async with store.turn(sid) as session:
             first_expiry = session.lease_expires_at
-            await asyncio.sleep(2.5)
+            await outlast_lease(other, first_expiry)
             assert session.lease_expires_at > first_expiry
             with pytest.raises(SessionBusyError):
                 async with other.turn(sid, timeout_seconds=0.2):
@@ -675,20 +710,28 @@ class SessionContract(ContractBase):
         self, sessions_factory: SessionsFactory, ns: str
     ) -> None:
         """A lease taken over mid-turn: the owner's task is cancelled, the block raises SESSION_LEASE_LOST and its replace() is not saved."""
-        owner = await sessions_factory(lease_seconds=1.5)
-        thief = await sessions_factory(lease_seconds=1.5)
-        offset_clock(thief, 60)
+        owner = await sessions_factory(lease_seconds=RENEWED_LEASE_SECONDS)
+        thief = await sessions_factory(lease_seconds=RENEWED_LEASE_SECONDS)
+        offset_clock(thief, 60)  # the thief sees the owner's lease as expired
         sid = f"{ns}:steal"
         async with owner.turn(sid) as session:
             session.replace(pair("base"))
+
+        async def steal() -> None:
+            async with thief.turn(sid, timeout_seconds=30) as stolen:
+                stolen.replace([*stolen.messages, *pair("thief")])
+
         reached_end = False
         with pytest.raises(LeaseLostError):
             async with owner.turn(sid) as session:
                 session.replace([*session.messages, *pair("owner")])
-                async with thief.turn(sid, timeout_seconds=5) as stolen:
-                    stolen.replace([*stolen.messages, *pair("thief")])
+                # A task of its own: the owner's cancellation, whenever the renewal finds
+                # the lease gone, must not cut the thief's turn short.
+                stealing = asyncio.create_task(steal())
+                await asyncio.shield(stealing)
                 await asyncio.sleep(60)  # cancelled by the next renewal, long before this ends
                 reached_end = True
+        await asyncio.wait_for(stealing, REAL_TIME_LIMIT_SECONDS)
         assert not reached_end
         assert texts(await thief.read_messages(sid) or []) == [
             "q:base",
@@ -703,11 +746,17 @@ class SessionContract(ContractBase):
         """A few failed renewals while the lease is still valid are retried: the turn goes on and saves."""
         flaky = FlakyKV(kv_factory(), native_ports=self.store_path == "native")
         await flaky.setup()
-        async with SessionStore(flaky, owns_kv=True, lease_seconds=1.5) as store:
+        async with SessionStore(flaky, owns_kv=True, lease_seconds=RENEWED_LEASE_SECONDS) as store:
             sid = f"{ns}:flaky"
             async with store.turn(sid) as session:
+                first_expiry = session.lease_expires_at
                 flaky.fail_next_replaces = 2
-                await asyncio.sleep(2.5)
+
+                async def renewed_after_failures() -> bool:
+                    return flaky.injected == 2 and session.lease_expires_at > first_expiry
+
+                await wait_until(renewed_after_failures, "a renewal after two failed ones")
+                await outlast_lease(store, first_expiry)
                 session.replace(pair("survived"))
             assert flaky.injected == 2
             assert texts(await store.read_messages(sid) or []) == ["q:survived", "a:survived"]
@@ -718,7 +767,7 @@ class SessionContract(ContractBase):
         """If renewals keep failing until the lease would expire, the owner is cancelled with SESSION_LEASE_LOST and nothing is saved."""
         flaky = FlakyKV(kv_factory(), native_ports=self.store_path == "native")
         await flaky.setup()
-        async with SessionStore(flaky, owns_kv=True, lease_seconds=1) as store:
+        async with SessionStore(flaky, owns_kv=True, lease_seconds=RENEWED_LEASE_SECONDS) as store:
             sid = f"{ns}:outage"
             async with store.turn(sid) as session:
                 session.replace(pair("base"))
@@ -739,7 +788,7 @@ class SessionContract(ContractBase):
         sid = f"{ns}:killed"
         async with store.turn(sid) as session:
             session.replace(pair("before"))
-        proc = await spawn("hold", store_url, sid, "1")
+        proc = await spawn("hold", store_url, sid, str(WORKER_LEASE_SECONDS))
         try:
             ready = await read_json(proc)
             assert ready["ready"] is True
@@ -748,6 +797,10 @@ class SessionContract(ContractBase):
         finally:
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
+        with pytest.raises(SessionBusyError):  # the dead process's lease still holds it
+            async with store.turn(sid, timeout_seconds=0.2):
+                pass
+        offset_clock(store, PAST_WORKER_LEASE_SECONDS)  # and then it expires
         async with store.turn(sid, timeout_seconds=20) as session:
             assert texts(session.messages) == [
                 "q:before",
@@ -761,19 +814,19 @@ class SessionContract(ContractBase):
 
     async def test_sliding_ttl(self, sessions_factory: SessionsFactory, ns: str) -> None:
         """Each turn renews the session's TTL, and its history never expires before it; an idle session expires whole."""
-        store = await sessions_factory(ttl_seconds=10, lease_seconds=1)
+        store = await sessions_factory(ttl_seconds=100)
         sid = f"{ns}:ttl"
         messages = history(60)  # several chunks, not only the inline tail
         async with store.turn(sid) as session:
             session.replace(messages)
-        for step in range(4):  # 4 x 7 s: far past the first writes' TTL
-            offset_clock(store, 7)
+        for step in range(4):  # 4 x 70 s: far past the first writes' TTL
+            offset_clock(store, 70)
             async with store.turn(sid) as session:
                 assert session.messages[: len(messages)] == messages
                 session.replace([*session.messages, *pair(f"step{step}")])
         info = await store.inspect(sid)
         assert info is not None and info.message_count == len(messages) + 8
-        offset_clock(store, 11)
+        offset_clock(store, 101)
         assert await store.inspect(sid) is None
         async with store.turn(sid) as session:
             assert session.messages == []
@@ -1077,12 +1130,13 @@ class SessionContract(ContractBase):
         require_processes(kv)
         store = await sessions_factory()
         sid = f"{ns}:effectkill"
-        proc = await spawn("effect", store_url, sid, "1")
+        proc = await spawn("effect", store_url, sid, str(WORKER_LEASE_SECONDS))
         try:
             assert (await read_json(proc))["ready"] is True
         finally:
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
+        offset_clock(store, PAST_WORKER_LEASE_SECONDS)  # the dead process's lease expired
         with pytest.raises(RecoveryRequiredError) as caught:
             async with store.turn(sid, timeout_seconds=20):
                 pass
@@ -1096,20 +1150,20 @@ class SessionContract(ContractBase):
         self, sessions_factory: SessionsFactory, ns: str
     ) -> None:
         """Each attempt on a latched session renews its TTL; without attempts it expires with the session."""
-        store = await sessions_factory(ttl_seconds=10, lease_seconds=1)
+        store = await sessions_factory(ttl_seconds=100)
         sid = f"{ns}:latchttl"
         async with store.turn(sid) as session:
             await session.mark_effects([("pay", "call-1")])
             session.replace(history(60))
         for _ in range(3):
-            offset_clock(store, 7)
+            offset_clock(store, 70)
             with pytest.raises(RecoveryRequiredError):
                 async with store.turn(sid):
                     pass
         info = await store.inspect(sid)
         assert info is not None and info.message_count == 60 and info.recovery_required
         assert texts(await store.read_messages(sid) or []) == texts(history(60))
-        offset_clock(store, 11)
+        offset_clock(store, 101)
         assert await store.inspect(sid) is None
         async with store.turn(sid) as session:
             assert session.messages == []

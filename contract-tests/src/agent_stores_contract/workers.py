@@ -21,6 +21,11 @@ from typing import Any
 
 from agent_stores import ConflictError, open_kv
 
+#: How long a worker waits at the barrier for the others. Generous: on a loaded machine
+#: starting a Python process with its imports can take tens of seconds, and one worker
+#: may arrive long before the last; the test's own bound still ends a real hang.
+BARRIER_SECONDS = 240
+
 
 def _arrive(folder: Path) -> None:
     (folder / f"ready-{os.getpid()}").touch()
@@ -37,7 +42,7 @@ async def file_barrier(directory: str, parties: str) -> None:
     the same time instead of one after another while the others are still starting.
     """
     _arrive(Path(directory))
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + BARRIER_SECONDS
     while _arrived(Path(directory)) < int(parties):
         if time.monotonic() > deadline:
             raise SystemExit(f"barrier in {directory}: not all {parties} processes arrived")

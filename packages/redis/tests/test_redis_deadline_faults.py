@@ -348,3 +348,26 @@ async def run_check(url: str) -> tuple[float, int, str]:
     )
     output, _ = await asyncio.wait_for(process.communicate(), 120)
     return time.monotonic() - started, process.returncode or 0, output.decode()
+
+
+def _raised_in(filename: str) -> AttributeError:
+    """An AttributeError raised by code that lives at ``filename`` (its traceback says so)."""
+    try:
+        exec(compile("None.writelines([b'PING'])", filename, "exec"))
+    except AttributeError as exc:
+        return exc
+    raise AssertionError("no error raised")
+
+
+def test_a_connection_closed_under_a_command_by_redis_py_is_a_broken_connection() -> None:
+    """redis-py's cluster client can close a connection another task just took (its
+    disconnect_free_connections after a connection error); the command then fails inside
+    redis-py with AttributeError on a None writer — seen under CPU load in the contract's
+    fault mode on redis-cluster. It is retried like a reset (possibly sent: a write's outcome
+    is read back); the same error from anywhere else stays a bug, not retried."""
+    from agent_stores_redis.kv import _classify
+
+    inside = _raised_in("/venv/lib/python3.11/site-packages/redis/asyncio/connection.py")
+    assert _classify(inside) == (True, True)
+    elsewhere = _raised_in("/app/agent_code.py")
+    assert _classify(elsewhere) == (None, False)

@@ -171,7 +171,25 @@ def _classify(exc: BaseException) -> tuple[bool | None, bool]:
         return True, False
     if isinstance(exc, RedisError):
         return False, False
+    if _closed_under_the_command(exc):
+        return True, True
     return None, False
+
+
+def _closed_under_the_command(exc: BaseException) -> bool:
+    """redis-py's asyncio cluster client closes the idle connections of a node after a
+    connection error (``disconnect_free_connections``) while another task may just have
+    taken one of them: that task's command then fails inside redis-py with
+    ``AttributeError: 'NoneType' object has no attribute 'writelines'`` (or ``read``). It is
+    a broken connection like any other, so it is retried like one — as possibly sent, so a
+    write's outcome is read back, never guessed."""
+    if not isinstance(exc, AttributeError) or "'NoneType' object has no attribute" not in str(exc):
+        return False
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    where = frame.tb_frame.f_code.co_filename if frame is not None else ""
+    return "/redis/asyncio/" in where.replace("\\", "/")
 
 
 class _MaybeApplied(Exception):
