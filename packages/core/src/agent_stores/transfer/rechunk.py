@@ -644,16 +644,8 @@ def _run_view(entries: dict[str, Entry]) -> dict[str, Entry]:
             _joined(entries, keys), "", _latest(entries[k].expires_at for k in keys)
         )
     referenced: set[str] = set()
-    for key, entry in entries.items():
-        if key.startswith(_RUN_CHUNK_PREFIX):
-            continue
-        try:
-            record = decode_record(entry.value, what=key)
-        except CorruptRecordError:
-            continue
-        blob = record.get("blob")
-        if not isinstance(blob, dict):
-            continue
+    for key, record in _run_stubs(entries).items():
+        entry, blob = entries[key], record["blob"]
         group = f"{_RUN_CHUNK_PREFIX}{blob.get('sha256')}"
         data = view.get(group)
         if group not in groups or data is None or digest(data.value) != blob.get("sha256"):
