@@ -455,7 +455,40 @@ def tests(session: nox.Session) -> None:
         # The backends' contract modules run the very suite the contract session runs on
         # the same servers; here only their own tests, so CI does not run it twice.
         ignored = [f"--ignore={path}" for path in CONTRACT_MODULES]
-        session.run("pytest", *paths, *ignored, *session.posargs, env=env)
+        session.run(
+            "pytest", *paths, *ignored, *_generic_path_sample(session), *session.posargs, env=env
+        )
+
+
+# The generic (KV-only) path's contract classes in the server packages (``Test*Generic``)
+# repeat the stores' contract through the same core code on each backend. Their slow modes
+# (several processes, killed processes, 50 tasks, crashes between steps) run in full on
+# SQLite (packages/core/tests/test_native_ports.py) and, natively, in ``nox -s contract``
+# on every backend; on the server backends the generic path runs every other test.
+GENERIC_PATH_ELSEWHERE = " or ".join(
+    (
+        "RedisSessionsGeneric",
+        "RedisMemoryGeneric",
+        "PostgresSessionsGeneric",
+        "PostgresMemoryGeneric",
+        "PostgresCheckpointerGeneric",
+        "DynamoDBSessionsGeneric",
+    )
+)
+GENERIC_PATH_SLOW = " or ".join(("processes", "new_process", "killed", "50_tasks", "crash_between"))
+FULL_TESTS_ENV = "AGENT_STORES_TESTS_FULL"
+
+
+def _generic_path_sample(session: nox.Session) -> list[str]:
+    """``-k`` leaving the generic path's slow modes out on the server backends (unless
+    ``AGENT_STORES_TESTS_FULL=1``; a ``-k`` of the caller's own replaces this one)."""
+    if os.environ.get(FULL_TESTS_ENV) == "1":
+        return []
+    session.log(
+        "the generic path's slow modes (processes, kills, load) run on SQLite; on the server "
+        f"backends in full with {FULL_TESTS_ENV}=1"
+    )
+    return ["-k", f"not (({GENERIC_PATH_ELSEWHERE}) and ({GENERIC_PATH_SLOW}))"]
 
 
 @nox.session(python=False)
