@@ -22,7 +22,10 @@ correct store does with it:
 
 :class:`BaseFaultInjector` keeps the bookkeeping (armed faults, a random rate, counts),
 so a backend's injector only decides, per request, ``fault = self.next_fault(operation)``
-and carries the fault out at its transport.
+and carries the fault out at its transport. Because the injector sees every request the
+SDK sends, it also counts them (:meth:`BaseFaultInjector.count_request`,
+:meth:`~BaseFaultInjector.requests`): at rate 0 it is the request meter of
+``benchmarks/request_counts.py``, which prints the requests each store operation costs.
 """
 
 from __future__ import annotations
@@ -110,6 +113,21 @@ class BaseFaultInjector:
         self._choices: list[str] = []
         self._random = random.Random()
         self._counts: Counter[str] = Counter()
+        self._requests: Counter[str] = Counter()
+
+    def count_request(self, operation: str) -> None:
+        """Count one request the SDK sends (its retries each count): the transport hook
+        calls it for every request, faulted or not, before anything else."""
+        with self._lock:
+            self._requests[operation] += 1
+
+    def requests(self, *, reset: bool = False) -> dict[str, int]:
+        """The requests counted so far, by operation (``reset``: and start counting again)."""
+        with self._lock:
+            counted = dict(self._requests)
+            if reset:
+                self._requests.clear()
+            return counted
 
     def _known(self, fault: str) -> None:
         if fault not in self.faults:

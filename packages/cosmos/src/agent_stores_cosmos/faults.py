@@ -153,6 +153,7 @@ class FaultTransport(AsyncHttpTransport[HttpRequest, AsyncHttpResponse]):
 
     async def send(self, request: Any, **kwargs: Any) -> Any:
         operation, item = _classify(request)
+        self.injector.count_request(_request_name(request, operation))
         if operation is None:
             return await self.inner.send(request, **kwargs)
         eligible = set(_ANY_REQUEST)
@@ -274,6 +275,24 @@ def _classify(request: Any) -> tuple[str | None, tuple[str, str, str] | None]:
     if method == "GET":
         return "read", item
     return "write", item
+
+
+def _request_name(request: Any, operation: str | None) -> str:
+    """What a request does, as counted: ``read``, ``query``, ``create``, ``replace``,
+    ``patch``, ``delete``, ``batch`` (a transactional batch), or for a request that is not
+    about items its resource type (``account``, ``dbs``, ``colls``, ``pkranges``...)."""
+    method = str(request.method).upper()
+    if operation is None:
+        segments = [s for s in urlsplit(str(request.url)).path.split("/") if s]
+        resource = segments[-1] if len(segments) % 2 else segments[-2] if segments else ""
+        return f"{method} {resource or 'account'}"
+    if operation != "write":
+        return operation
+    if str(request.headers.get("x-ms-cosmos-is-batch-request", "")).lower() == "true":
+        return "batch"
+    return {"POST": "create", "PUT": "replace", "PATCH": "patch", "DELETE": "delete"}.get(
+        method, method.lower()
+    )
 
 
 class CosmosFaultInjector(BaseFaultInjector):

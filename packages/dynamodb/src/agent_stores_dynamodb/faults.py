@@ -222,6 +222,7 @@ class DynamoDBFaultInjector(BaseFaultInjector):
             return self._blackhole.url
 
     async def _before_send(self, client: Any, request: Any, operation: str) -> Any:
+        self.count_request(operation)
         eligible = eligible_faults(operation)
         if not eligible:
             return None

@@ -96,6 +96,7 @@ def _operation(details: Any) -> str:
 async def _before(injector: FirestoreFaultInjector, details: Any) -> str | None:
     """The fault for this request; raises the ones that stop it before it is sent."""
     operation = _operation(details)
+    injector.count_request(operation)
     eligible = _COMMIT if operation == "Commit" else _ANY_REQUEST
     fault = injector.next_fault(operation, eligible=eligible)
     if fault is None or FAULTS[fault] is FaultKind.LOST_REPLY:
