@@ -437,9 +437,17 @@ def _contract_run(
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Unit tests of every package (backend packages against their real servers)."""
+    """Unit tests of every package (backend packages against their real servers).
+
+    ``AGENT_STORES_TESTS_PACKAGES=dynamodb,cosmos`` runs only those packages' tests,
+    ``AGENT_STORES_TESTS_EXCLUDE=...`` all but those (names: ``core``, ``contract-tests``
+    and the server backends); .ci/run splits the tests between its two lanes this way.
+    """
     _install(session)
-    paths = ["packages/core/tests", "contract-tests/tests"]
+    chosen = _test_packages(session)
+    paths = [path for name, path in chosen.items() if name in {"core", "contract-tests"}]
+    if not chosen:
+        session.error(f"{TEST_PACKAGES_ENV} / {TEST_EXCLUDE_ENV} left no package to test")
     env: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         for name in SERVER_BACKENDS:
@@ -451,13 +459,36 @@ def tests(session: nox.Session) -> None:
                 session.error(f"the {name} tests need a {name} server and none can be started here")
             for label, url in stack.enter_context(urls()).items():
                 env[_test_url_env(label)] = url
-            paths.append(str(package_tests.relative_to(ROOT)))
+            if name in chosen:
+                paths.append(str(package_tests.relative_to(ROOT)))
         # The backends' contract modules run the very suite the contract session runs on
         # the same servers; here only their own tests, so CI does not run it twice.
         ignored = [f"--ignore={path}" for path in CONTRACT_MODULES]
         session.run(
             "pytest", *paths, *ignored, *_generic_path_sample(session), *session.posargs, env=env
         )
+
+
+TEST_PACKAGES_ENV, TEST_EXCLUDE_ENV = "AGENT_STORES_TESTS_PACKAGES", "AGENT_STORES_TESTS_EXCLUDE"
+
+
+def _test_packages(session: nox.Session) -> dict[str, str]:
+    """The packages whose tests run: name -> tests folder (every server is started anyway:
+    the core's tests use them too)."""
+    every = {
+        "core": "packages/core/tests",
+        "contract-tests": "contract-tests/tests",
+        **{name: f"packages/{name}/tests" for name in SERVER_BACKENDS},
+    }
+
+    def names(variable: str) -> set[str]:
+        found = {n for n in os.environ.get(variable, "").replace(",", " ").split() if n}
+        if found - set(every):
+            session.error(f"{variable}: unknown {sorted(found - set(every))}; known {list(every)}")
+        return found
+
+    only, excluded = names(TEST_PACKAGES_ENV), names(TEST_EXCLUDE_ENV)
+    return {n: p for n, p in every.items() if (not only or n in only) and n not in excluded}
 
 
 # The generic (KV-only) path's contract classes in the server packages (``Test*Generic``)
