@@ -18,8 +18,8 @@ BUDGET = {
     "turn, cold (another client wrote last)": 3,
     "memory write with receipt": 4,
     "memory read": 1,
-    "step append (harness step store)": 2,
-    "journal append (checkpointer)": 2,
+    "step append (harness step store)": 1,
+    "journal append (checkpointer)": 1,
 }
 
 

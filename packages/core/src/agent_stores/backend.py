@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .checkpointer.port import (
         AppendOutcome,
         AppendRequest,
+        CommitJournalPort,
         JournalPort,
         KVJournalPort,
         check_append,
@@ -145,7 +146,14 @@ _LAZY = {
         "agent_stores.memory.port",
     ),
     **dict.fromkeys(
-        ["AppendOutcome", "AppendRequest", "JournalPort", "KVJournalPort", "check_append"],
+        [
+            "AppendOutcome",
+            "AppendRequest",
+            "CommitJournalPort",
+            "JournalPort",
+            "KVJournalPort",
+            "check_append",
+        ],
         "agent_stores.checkpointer.port",
     ),
 }
@@ -181,6 +189,7 @@ __all__ = [
     "ChunkRef",
     "ChunkWrite",
     "Clock",
+    "CommitJournalPort",
     "ConfigError",
     "ConflictError",
     "CorruptRecordError",

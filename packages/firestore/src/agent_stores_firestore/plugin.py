@@ -3,8 +3,9 @@
 Importing this module must stay cheap: it never imports google-cloud-firestore. The
 factory is an import string resolved only when a ``firestore://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if the Firestore library is already
-imported (a client object cannot exist otherwise). Sessions, memory and the
-checkpointer use the generic KV-built stores. For the contract's fault mode it offers
+imported (a client object cannot exist otherwise). Sessions and memory use the generic
+KV-built stores; the checkpointer appends to a run's journal or step log in one Commit
+(:func:`journal_port`, the core's commit port). For the contract's fault mode it offers
 :class:`~agent_stores_firestore.faults.FirestoreFaultInjector` (``fault_injector``, a gRPC
 interceptor) and ``proxied_url`` (an emulator URL through a TCP proxy).
 """
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from agent_stores.backend import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector, KVStore, StoreURL
+    from agent_stores.backend import FaultInjector, JournalPort, KVStore, StoreURL
 
 FACTORY = "agent_stores_firestore.kv:FirestoreKV.from_url"
 
@@ -44,6 +45,17 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     from .kv import FirestoreKV
 
     return FirestoreKV.from_client(client, **options)
+
+
+@hookimpl
+def journal_port(kv: KVStore) -> JournalPort | None:
+    """Counter and entry of an append in one Commit (the core's commit port)."""
+    kv_module = sys.modules.get("agent_stores_firestore.kv")
+    if kv_module is None or not isinstance(kv, kv_module.FirestoreKV):
+        return None
+    from agent_stores.backend import CommitJournalPort
+
+    return CommitJournalPort(kv)
 
 
 @hookimpl

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ..kv.base import Entry
+from ..errors import ConflictError
+from ..kv.base import Create, Entry, Operation, Replace
 
 if TYPE_CHECKING:
     from ..kv.base import KVStore
@@ -92,3 +93,46 @@ class KVJournalPort:
     async def append(self, request: AppendRequest) -> AppendOutcome:  # pragma: no cover
         """Never called: the core runs its generic two-step algorithm instead."""
         raise NotImplementedError("the generic journal port appends through RunSpace")
+
+
+class CommitJournalPort:
+    """An atomic :class:`JournalPort` for any KV store whose ``commit`` is one transaction
+    (``capabilities.commit``): the counter and the entry in one commit, so an append is one
+    request where a commit is one (a Firestore Commit, DynamoDB's TransactWriteItems).
+
+    When the commit fails its conditions, nothing was written and one read tells which
+    failed: the entry is already stored (a duplicate: returned) or the counter moved
+    (:class:`~agent_stores.errors.ConflictError`; the core reads it and tries again). A
+    backend offers it from its ``journal_port`` hook::
+
+        @hookimpl
+        def journal_port(kv):
+            return CommitJournalPort(kv) if isinstance(kv, MyKV) else None
+    """
+
+    atomic = True
+
+    def __init__(self, kv: KVStore) -> None:
+        if not kv.capabilities.commit:
+            raise ValueError(f"{type(kv).__name__} has no atomic commit (capabilities.commit)")
+        self.kv = kv
+
+    async def append(self, request: AppendRequest) -> AppendOutcome:
+        """See :meth:`JournalPort.append`."""
+        check_append(self.kv, request)
+        head: Operation
+        if request.head_version is None:
+            head = Create(request.head_key, request.head_value, ttl=request.ttl)
+        else:
+            head = Replace(
+                request.head_key, request.head_value, request.head_version, ttl=request.ttl
+            )
+        entry = Create(request.key, request.value, ttl=request.ttl)
+        try:
+            versions = await self.kv.commit(request.scope, [head, entry])
+        except ConflictError:
+            existing = await self.kv.get(request.scope, request.key)
+            if existing is not None:
+                return AppendOutcome(None, None, existing)
+            raise
+        return AppendOutcome(versions[1], versions[0], None)
