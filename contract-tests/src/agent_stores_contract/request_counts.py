@@ -19,7 +19,10 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import ClassVar
 
+import pytest
 from agent_stores import KVStore, StoreURL, connect, open_kv
 from agent_stores.backend import BaseFaultInjector, FaultInjector
 from agent_stores.checkpointer import Checkpointer
@@ -165,3 +168,24 @@ def documented_totals(page: str, backend: str) -> dict[str, int]:
     header, body = rows[0], rows[1:]
     column = header.index(backend)
     return {row[0]: int(row[column].split("**")[1]) for row in body if row[0] in OPERATIONS}
+
+
+class RequestBudgetTests:
+    """A backend's request budget as tests: subclass it with ``backend`` (its column in the
+    page), ``budget`` (operation -> requests), ``page`` (the page listing them) and a
+    ``store_url`` fixture. A change that adds a request fails; one that saves a request
+    updates the budget and the page together."""
+
+    backend: ClassVar[str]
+    budget: ClassVar[dict[str, int]]
+    page: ClassVar[Path]
+
+    @pytest.mark.asyncio
+    async def test_each_operation_sends_its_budgeted_requests(self, store_url: str) -> None:
+        assert set(self.budget) == set(OPERATIONS)
+        counted = await measure(store_url)
+        totals = {operation: sum(requests.values()) for operation, requests in counted.items()}
+        assert totals == self.budget, counted
+
+    def test_the_page_lists_these_budgets(self) -> None:
+        assert documented_totals(self.page.read_text(), self.backend) == self.budget

@@ -1,34 +1,27 @@
-"""Requests per store operation on DynamoDB, counted at botocore's before-send hook.
-
-Each operation sends exactly the requests docs/requests.md lists for it (the physical
-minimum, or more with the reason given there): a change that adds a request fails here,
-and one that saves a request updates the budget and the docs together.
-"""
+"""Requests per store operation on DynamoDB, counted at botocore's before-send hook: each operation
+sends exactly the requests docs/requests.md lists for it (the physical minimum, or more
+with the reason given there)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from agent_stores_contract.request_counts import OPERATIONS, documented_totals, measure
-
-PAGE = Path(__file__).resolve().parents[3] / "docs" / "requests.md"
-
-BUDGET = {
-    "turn, warm (this client wrote last)": 2,
-    "turn, cold (another client wrote last)": 4,
-    "memory write with receipt": 4,
-    "memory read": 1,
-    "step append (harness step store)": 2,
-    "journal append (checkpointer)": 2,
-}
+import pytest
+from agent_stores_contract.request_counts import RequestBudgetTests
 
 
-async def test_each_operation_sends_its_budgeted_requests(dynamodb_url: str) -> None:
-    counted = await measure(dynamodb_url)
-    assert set(BUDGET) == set(OPERATIONS)
-    totals = {operation: sum(requests.values()) for operation, requests in counted.items()}
-    assert totals == BUDGET, counted
+class TestDynamoDBRequestBudget(RequestBudgetTests):
+    backend = "dynamodb"
+    page = Path(__file__).resolve().parents[3] / "docs" / "requests.md"
+    budget = {
+        "turn, warm (this client wrote last)": 2,
+        "turn, cold (another client wrote last)": 4,
+        "memory write with receipt": 4,
+        "memory read": 1,
+        "step append (harness step store)": 2,
+        "journal append (checkpointer)": 2,
+    }
 
-
-def test_the_docs_list_these_budgets() -> None:
-    assert documented_totals(PAGE.read_text(), "dynamodb") == BUDGET
+    @pytest.fixture
+    def store_url(self, dynamodb_url: str) -> str:
+        return dynamodb_url
