@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -211,6 +212,9 @@ class Summary:
     backends: list[str]
     pytest_args: list[str]
     runs_asked: int
+    #: What was tested: ``git describe --always --dirty`` of the checkout, and when.
+    commit: str = ""
+    started: str = ""
     interrupted: str | None = None
     runs_done: int = 0
     failed_runs: int = 0
@@ -237,6 +241,7 @@ def markdown(summary: Summary, results: list[RunResult]) -> str:
     lines = [
         "# Contract under CPU load",
         "",
+        f"- commit: {summary.commit or '?'}; started {summary.started or '?'}",
         f"- load: {summary.load} on {summary.cpus} CPU(s)",
         f"- backends: {', '.join(summary.backends)}; "
         f"pytest arguments: {' '.join(summary.pytest_args) or '-'}",
@@ -299,10 +304,40 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, pytest_args
 
 
+def checkout_commit() -> str:
+    """The commit under test, ``-dirty`` when the checkout has uncommitted changes."""
+    try:
+        found = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return found.stdout.strip()
+
+
+def write_report(folder: Path, base: Summary, results: list[RunResult]) -> Summary:
+    """report.json and report.md as they stand: after every run, so a killed stress run
+    still leaves the runs it finished on record."""
+    summary = Summary.of(base, results)
+    report = {**asdict(summary), "results": [{**asdict(r), "passed": r.passed} for r in results]}
+    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (folder / "report.md").write_text(markdown(summary, results))
+    return summary
+
+
 def run_all(
-    args: argparse.Namespace, pytest_args: list[str], hogs: Hogs, nox: list[str]
+    args: argparse.Namespace,
+    pytest_args: list[str],
+    hogs: Hogs,
+    nox: list[str],
+    on_run: Callable[[list[RunResult]], object] = lambda results: None,
 ) -> tuple[list[RunResult], str | None]:
-    """Every run under the hogs, each printed as it ends; stops early on SIGINT/SIGTERM."""
+    """Every run under the hogs, each printed (and ``on_run``) as it ends; stops early on
+    SIGINT/SIGTERM."""
     results: list[RunResult] = []
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -314,6 +349,7 @@ def run_all(
                 result = run_contract(run, backend, pytest_args, args.report, nox)
                 results.append(result)
                 print(progress_line(result, args.runs), flush=True)
+                on_run(results)
     except Interrupted as exc:
         print(f"contract-stress: interrupted by {exc}", flush=True)
         return results, str(exc)
@@ -350,14 +386,20 @@ def main(argv: list[str] | None = None) -> int:
         f"{hogs.describe()} ({CPUS} CPU(s)); logs and report in {folder}",
         flush=True,
     )
-    results, interrupted = run_all(args, pytest_args, hogs, nox)
-    summary = Summary.of(
-        Summary(hogs.describe(), CPUS or 1, args.backends, pytest_args, args.runs, interrupted),
-        results,
+    base = Summary(
+        hogs.describe(),
+        CPUS or 1,
+        args.backends,
+        pytest_args,
+        args.runs,
+        commit=checkout_commit(),
+        started=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     )
-    report = {**asdict(summary), "results": [{**asdict(r), "passed": r.passed} for r in results]}
-    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (folder / "report.md").write_text(markdown(summary, results))
+    results, interrupted = run_all(
+        args, pytest_args, hogs, nox, on_run=lambda done: write_report(folder, base, done)
+    )
+    base.interrupted = interrupted
+    summary = write_report(folder, base, results)
     for backend, seconds in summary.seconds_per_backend.items():
         if seconds:
             print(f"{backend}: {min(seconds):.0f}-{max(seconds):.0f} s per run (nox included)")

@@ -10,14 +10,24 @@ or subclass the contract classes in your own test module (see ``docs/contract.md
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import ContractBase
-from .kv import KVContract
+if TYPE_CHECKING:
+    from .base import ContractBase
+    from .checkpointer import CheckpointerContract
+    from .faults import FaultContract
+    from .kv import KVContract
+    from .memory import MemoryContract
+    from .ports import PortContract
+    from .sessions import SessionContract
 
-# Store contracts are imported on first use so the KV contract works without the
-# optional Pydantic AI dependencies being importable.
+# Every contract is imported on first use: the KV contract works without the optional
+# Pydantic AI dependencies, and the contract's worker processes (``python -m
+# agent_stores_contract.session_workers`` and the others) do not import pytest and
+# Hypothesis, over a second of CPU each, on a machine the suite already keeps busy.
 _LAZY = {
+    "ContractBase": "agent_stores_contract.base",
+    "KVContract": "agent_stores_contract.kv",
     "SessionContract": "agent_stores_contract.sessions",
     "MemoryContract": "agent_stores_contract.memory",
     "CheckpointerContract": "agent_stores_contract.checkpointer",
