@@ -15,7 +15,7 @@ class TestDynamoDBRequestBudget(RequestBudgetTests):
     page = Path(__file__).resolve().parents[3] / "docs" / "requests.md"
     budget = {
         "turn, warm (this client wrote last)": 2,
-        "turn, cold (another client wrote last)": 4,
+        "turn, cold (another client wrote last)": 3,
         "memory write with receipt": 4,
         "memory read": 1,
         "step append (harness step store)": 2,

@@ -1,6 +1,7 @@
 """The native session port on DynamoDB: chosen by the hook, two requests per warm turn
-(counted from botocore's events), bytes per turn flat from history 10 to 1,000, and the
-generic path whenever the remembered state is stale."""
+(counted from botocore's events), bytes per turn flat from history 10 to 1,000, three per
+cold turn (the failed transaction returns the state as it stands), and the generic path
+whenever that state cannot be taken."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from agent_stores import connect, open_kv, open_sessions
-from agent_stores.sessions import SessionStore
+from agent_stores.backend import Replace
+from agent_stores.errors import ConflictError
+from agent_stores.sessions import SessionBusyError, SessionStore
 from agent_stores_dynamodb.config import parse_url
-from agent_stores_dynamodb.kv import DynamoDBKV
+from agent_stores_dynamodb.kv import DynamoDBKV, StaleConditionError
 from agent_stores_dynamodb.sessions import DynamoDBSessionPort
 from aiobotocore.session import get_session
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
@@ -60,6 +64,20 @@ async def metered(dynamodb_base_url: str) -> AsyncIterator[tuple[DynamoDBKV, Met
         await kv.aclose()
 
 
+@pytest_asyncio.fixture
+async def elsewhere(
+    dynamodb_base_url: str, metered: tuple[DynamoDBKV, Meter]
+) -> AsyncIterator[DynamoDBKV]:
+    """A second client on the same table and prefix: another process, as far as the
+    metered client's session port can tell."""
+    settings = parse_url(dynamodb_base_url)
+    async with get_session().create_client("dynamodb", **settings.client_kwargs()) as client:
+        kv = open_kv(client, table=settings.table, prefix=metered[0].prefix)
+        assert isinstance(kv, DynamoDBKV)
+        yield kv
+        await kv.aclose()
+
+
 async def test_hook_gives_the_native_port(dynamodb_url: str) -> None:
     """open_sessions on a dynamodb:// URL runs the core's store over the DynamoDB port."""
     async with open_sessions(dynamodb_url) as sessions:
@@ -101,9 +119,10 @@ async def test_warm_turn_is_two_requests_and_bytes_stay_flat(
     assert bytes_at[1000] < 40_000  # far from the ~500 KB of the whole history
 
 
-async def test_stale_memory_falls_back_to_the_generic_path(dynamodb_url: str) -> None:
+async def test_stale_memory_takes_the_returned_state(dynamodb_url: str) -> None:
     """When another process wrote the session since this one saved, the remembered state
-    fails its condition and the turn runs the generic path: nothing lost, no double owner."""
+    fails its condition and the turn goes on from the state the failure returned: nothing
+    lost, no double owner."""
     async with open_sessions(dynamodb_url) as one, open_sessions(dynamodb_url) as two:
         async with one.turn("s") as s:
             s.replace(pair(1))
@@ -115,3 +134,68 @@ async def test_stale_memory_falls_back_to_the_generic_path(dynamodb_url: str) ->
             s.replace([*s.messages, *pair(3)])
         async with two.turn("s") as s:
             assert len(s.messages) == 6
+
+
+async def test_cold_turn_is_three_requests_without_a_read(
+    metered: tuple[DynamoDBKV, Meter], elsewhere: DynamoDBKV
+) -> None:
+    """Another client wrote last: the failed transaction returns the state, a second one
+    takes the lease on it, the save follows; the turn sees the other client's messages."""
+    kv, meter = metered
+    one, two = connect(kv).sessions(), connect(elsewhere).sessions()
+    async with one.turn("s") as s:
+        s.replace(pair(1))
+    async with two.turn("s") as s:
+        s.replace([*s.messages, *pair(2)])
+    meter.reset()
+    async with one.turn("s") as s:
+        assert len(s.messages) == 4
+        s.replace([*s.messages, *pair(3)])
+    # the failed acquire, the acquire, the save (a transaction when it writes a chunk)
+    assert len(meter.calls) == 3, meter.calls
+    assert meter.calls[:2] == ["TransactWriteItems", "TransactWriteItems"]
+    assert not {"GetItem", "BatchGetItem"} & set(meter.calls)
+    async with two.turn("s") as s:
+        assert len(s.messages) == 6
+
+
+async def test_a_stale_state_held_by_another_client_is_not_taken(
+    metered: tuple[DynamoDBKV, Meter], elsewhere: DynamoDBKV
+) -> None:
+    """The returned state shows another owner's live lease: the port leaves the turn to
+    the core, which waits for it and reports the session busy, never a second owner."""
+    kv, meter = metered
+    one, two = connect(kv).sessions(), connect(elsewhere).sessions()
+    async with one.turn("s") as s:
+        s.replace(pair(1))
+    async with two.turn("s") as held:
+        held.replace([*held.messages, *pair(2)])
+        meter.reset()
+        with pytest.raises(SessionBusyError):
+            async with one.turn("s", timeout_seconds=0.3):
+                pass
+        assert meter.calls[0] == "TransactWriteItems"  # the port tried, then the core waited
+        assert "BatchGetItem" in meter.calls
+    async with one.turn("s") as s:
+        assert len(s.messages) == 4
+
+
+async def test_a_failed_replace_in_a_commit_carries_the_stored_item(
+    metered: tuple[DynamoDBKV, Meter],
+) -> None:
+    """commit's ConflictError on a Replace is a StaleConditionError with the item as it
+    stands (one request, no read); on an absent key it carries None."""
+    kv, meter = metered
+    first = await kv.create("scope", "k", b"one")
+    second = await kv.replace("scope", "k", b"two", expected_version=first)
+    meter.reset()
+    with pytest.raises(StaleConditionError) as failed:
+        await kv.commit("scope", [Replace("k", b"three", first)])
+    assert meter.calls == ["TransactWriteItems"]
+    assert failed.value.index == 0 and failed.value.key == "k"
+    assert failed.value.stored is not None
+    assert (failed.value.stored.value, failed.value.stored.version) == (b"two", second)
+    with pytest.raises(StaleConditionError) as missing:
+        await kv.commit("scope", [Replace("absent", b"x", first)])
+    assert missing.value.stored is None
+    assert isinstance(missing.value, ConflictError)

@@ -15,16 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .config import DynamoDBSettings, parse_url
-    from .kv import DynamoDBKV, TableMissingError
+    from .kv import DynamoDBKV, StaleConditionError, TableMissingError
 
 _LAZY = {
     "DynamoDBKV": "agent_stores_dynamodb.kv",
+    "StaleConditionError": "agent_stores_dynamodb.kv",
     "TableMissingError": "agent_stores_dynamodb.kv",
     "DynamoDBSettings": "agent_stores_dynamodb.config",
     "parse_url": "agent_stores_dynamodb.config",
 }
 
-__all__ = ["DynamoDBKV", "DynamoDBSettings", "TableMissingError", "parse_url"]
+__all__ = [
+    "DynamoDBKV",
+    "DynamoDBSettings",
+    "StaleConditionError",
+    "TableMissingError",
+    "parse_url",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -13,10 +13,14 @@ bytes and version its last successful save wrote, so the next acquire needs no r
 * **save + release** — one TransactWriteItems with the new chunk parts (create if absent)
   and the state CAS; one conditional PutItem when no chunk is new.
 
-Anything else — no remembered state (a cold turn), a failed condition (another process
-wrote the session, or a client is waiting), a lease held by someone else, a recovery
-marker — answers ``GENERIC`` and the core runs its KV algorithm (BatchGetItem, then a
-conditional PutItem): same guarantees, one request more. Built on the public port
+When another process wrote the session since, the transaction fails and returns the
+state as it stands (``ReturnValuesOnConditionCheckFailure=ALL_OLD``, surfaced as
+:class:`~agent_stores_dynamodb.StaleConditionError`): the decision is made again on those
+bytes and a second transaction, fenced by their version, takes the lease — a cold turn
+in three requests, no read. Anything else — no remembered state (a process's first turn
+on the session), a client waiting, a lease held by someone else, a recovery marker, a
+second failed condition — answers ``GENERIC`` and the core runs its KV algorithm
+(BatchGetItem, then a conditional PutItem): same guarantees, one request more. Built on the public port
 (:class:`agent_stores.sessions.SessionPort`), through :meth:`DynamoDBKV.commit`; nothing
 of the core is overridden. Each of :meth:`~DynamoDBSessionPort.acquire` and
 :meth:`~DynamoDBSessionPort.save` runs within the store's deadline as a whole
@@ -46,7 +50,7 @@ from agent_stores.backend import (
 )
 from agent_stores.errors import ConflictError, ValueTooLargeError
 
-from .kv import TRANSACTION_MAX_ITEMS, DynamoDBKV
+from .kv import TRANSACTION_MAX_ITEMS, DynamoDBKV, StaleConditionError
 
 #: Sessions whose last saved state a port remembers (least recently used dropped first).
 REMEMBERED_SESSIONS = 4096
@@ -82,6 +86,23 @@ class DynamoDBSessionPort:
             return GENERIC
         version, stored = last
         try:
+            return await self._take(request, version, stored)
+        except StaleConditionError as stale:
+            # Another process wrote the session: the failed transaction returned the state
+            # as it stands, so decide again on it, fenced by its version (no read).
+            if stale.key != STATE_KEY or stale.stored is None:
+                return GENERIC
+            try:
+                return await self._take(request, stale.stored.version, stale.stored.value)
+            except ConflictError:
+                return GENERIC
+        except ConflictError:
+            return GENERIC  # a client is waiting
+
+    async def _take(self, request: AcquireRequest, version: str, stored: bytes) -> AcquireReply:
+        """Take the lease on the state ``stored`` at ``version``, in one transaction; a
+        ConflictError when the version moved or a client waits."""
+        try:
             header, _tail = decode_state(stored)
         except RecordError:
             return GENERIC
@@ -101,16 +122,13 @@ class DynamoDBSessionPort:
         )
         if new_state is None:
             return GENERIC
-        try:
-            versions = await self.kv.commit(
-                request.scope,
-                [
-                    Check(WAITER_KEY, None),
-                    Replace(STATE_KEY, new_state, version, ttl=request.ttl_seconds),
-                ],
-            )
-        except ConflictError:
-            return GENERIC  # written by someone else meanwhile, or a client is waiting
+        versions = await self.kv.commit(
+            request.scope,
+            [
+                Check(WAITER_KEY, None),
+                Replace(STATE_KEY, new_state, version, ttl=request.ttl_seconds),
+            ],
+        )
         new_version = versions[1]
         assert new_version is not None
         return AcquireReply("acquired", version=new_version, state=new_state)
