@@ -16,6 +16,7 @@ that calls ``count_request`` can be measured the same way.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
@@ -73,72 +74,117 @@ class Meter:
         return self.counter.requests(reset=True)
 
 
-async def measure(url: str) -> dict[str, dict[str, int]]:
-    """operation -> requests by SDK operation, on one backend."""
+class Operations:
+    """The measured operations on clients opened by ``open_client``, each repeatable.
+
+    ``async with Operations(open_client, prefix) as ops:`` then, per operation,
+    ``await ops.prepare(name)`` (what must happen first and is not measured: the other
+    client's turn before a cold one) and ``await ops.run(name)``. Used by :func:`measure`
+    to count requests and by ``benchmarks/latency.py`` to time them behind a delay proxy.
+    """
+
+    def __init__(self, open_client: Callable[[], Awaitable[KVStore]], prefix: str) -> None:
+        self.open_client = open_client
+        self.prefix = prefix
+        self.stack = contextlib.AsyncExitStack()
+        self.turns = 0
+        self.writes = 0
+        self.steps = 0
+        self.memory_version: str | None = None
+
+    async def __aenter__(self) -> Operations:
+        try:
+            await self._open()
+        except BaseException:
+            await self.stack.aclose()
+            raise
+        return self
+
+    async def _open(self) -> None:
+        prefix = self.prefix
+        self.a = connect(await self.open_client()).sessions(owns_kv=True, scope_prefix=prefix)
+        self.stack.push_async_callback(self.a.aclose)
+        self.b = connect(await self.open_client()).sessions(owns_kv=True, scope_prefix=prefix)
+        self.stack.push_async_callback(self.b.aclose)
+        self.memory = KVMemoryStore(await self.open_client(), scope_prefix=prefix, owns_kv=True)
+        self.stack.push_async_callback(self.memory.aclose)
+        self.checkpointer = Checkpointer(
+            await self.open_client(), scope_prefix=prefix, owns_kv=True
+        )
+        self.stack.push_async_callback(self.checkpointer.aclose)
+        self.step_store = self.checkpointer.step_store()
+        await self.step_store.register_run(RunRecord(run_id="steps"))
+        for _ in range(5):  # a history of 10 messages, written by a
+            await self._turn(self.a)
+        await self.run("memory write with receipt")  # the file "memory read" reads
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stack.aclose()
+
+    async def _turn(self, store: SessionStore) -> None:
+        self.turns += 1
+        async with store.turn("s") as session:
+            session.replace([*session.messages, *pair(self.turns)])
+
+    async def prepare(self, operation: str) -> None:
+        """What must come before ``operation`` and is not part of it."""
+        if operation == "turn, cold (another client wrote last)":
+            await self._turn(self.b)
+
+    async def run(self, operation: str) -> None:
+        """One ``operation`` (a key of :data:`OPERATIONS`)."""
+        if operation.startswith("turn, "):
+            await self._turn(self.a)
+        elif operation == "memory write with receipt":
+            self.writes += 1
+            op = MemoryOperation(f"{self.prefix}w{self.writes}", f"fp{self.writes}")
+            done = await self.memory.write(
+                "u/notes.md",
+                f"note {self.writes}",
+                expected_version=self.memory_version,
+                operation=op,
+            )
+            self.memory_version = done.version
+        elif operation == "memory read":
+            await self.memory.read("u/notes.md", max_chars=1000)
+        elif operation == "step append (harness step store)":
+            self.steps += 1
+            event = StepEvent(
+                run_id="steps",
+                kind="model_request",
+                step_index=self.steps,
+                idempotency_key=f"k{self.steps}",
+            )
+            await self.step_store.append_event(event)
+        elif operation == "journal append (checkpointer)":
+            self.steps += 1
+            journal = JournalEvent(step_id=f"step-{self.steps}", kind="tool", payload={})
+            await self.checkpointer.append("journal", journal)
+        else:
+            raise ValueError(f"unknown operation {operation!r}; known: {', '.join(OPERATIONS)}")
+
+
+async def prepare_backend(url: str) -> None:
+    """Create the backend's tables or containers, as a deployment does once."""
     setup = open_kv(url)
     try:
         await setup.setup()
     finally:
         await setup.aclose()
+
+
+async def measure(url: str) -> dict[str, dict[str, int]]:
+    """operation -> requests by SDK operation, on one backend: each operation once to warm
+    up, then once counted."""
+    await prepare_backend(url)
     meter = Meter(url)
-    prefix = f"req-{uuid.uuid4().hex[:8]}:"
     found: dict[str, dict[str, int]] = {}
-    a = connect(await meter.client()).sessions(owns_kv=True, scope_prefix=prefix)
-    b = connect(await meter.client()).sessions(owns_kv=True, scope_prefix=prefix)
-    turn_number = 0
-
-    async def turn(store: SessionStore) -> None:
-        nonlocal turn_number
-        turn_number += 1
-        async with store.turn("s") as session:
-            session.replace([*session.messages, *pair(turn_number)])
-
-    try:
-        for _ in range(5):  # history of 10 messages, written by a
-            await turn(a)
-        found["turn, warm (this client wrote last)"] = await meter.count(lambda: turn(a))
-        await turn(b)
-        found["turn, cold (another client wrote last)"] = await meter.count(lambda: turn(a))
-    finally:
-        await a.aclose()
-        await b.aclose()
-
-    memory = KVMemoryStore(await meter.client(), scope_prefix=prefix, owns_kv=True)
-    try:
-        version: str | None = None
-        for i in range(2):
-            op = MemoryOperation(f"{prefix}w{i}", f"fp{i}")
-
-            async def write(i: int = i, op: MemoryOperation = op) -> None:
-                nonlocal version
-                done = await memory.write(
-                    "u/notes.md", f"note {i}", expected_version=version, operation=op
-                )
-                version = done.version
-
-            counted = await meter.count(write)
-        found["memory write with receipt"] = counted
-        await memory.read("u/notes.md", max_chars=1000)
-        found["memory read"] = await meter.count(lambda: memory.read("u/notes.md", max_chars=1000))
-    finally:
-        await memory.aclose()
-
-    checkpointer = Checkpointer(await meter.client(), scope_prefix=prefix, owns_kv=True)
-    try:
-        steps = checkpointer.step_store()
-        await steps.register_run(RunRecord(run_id="steps"))
-        for i in range(2):
-            event = StepEvent(
-                run_id="steps", kind="model_request", step_index=i, idempotency_key=f"k{i}"
-            )
-            counted = await meter.count(functools.partial(steps.append_event, event))
-        found["step append (harness step store)"] = counted
-        for i in range(2):
-            journal = JournalEvent(step_id=f"step-{i}", kind="tool", payload={"i": i})
-            counted = await meter.count(functools.partial(checkpointer.append, "journal", journal))
-        found["journal append (checkpointer)"] = counted
-    finally:
-        await checkpointer.aclose()
+    async with Operations(meter.client, f"req-{uuid.uuid4().hex[:8]}:") as ops:
+        for operation in OPERATIONS:
+            await ops.prepare(operation)
+            await ops.run(operation)
+            await ops.prepare(operation)
+            found[operation] = await meter.count(functools.partial(ops.run, operation))
     return found
 
 
