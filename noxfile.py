@@ -657,8 +657,9 @@ def bench(session: nox.Session) -> None:
     """agent-stores beside the anchors in one run (``benchmarks/side_by_side.py``, Python 3.13
     venv with the anchors from PyPI), ratios printed and written to docs/benchmarks.md; then
     the per-backend figures of every backend (``benchmarks/run.py``) and the requests per
-    operation on the cloud backends (``benchmarks/request_counts.py``, written to
-    docs/requests.md). ``-- --quick``: short, nothing written."""
+    operation on the cloud backends (``benchmarks/request_counts.py``) and every
+    operation's latency behind a 20 ms proxy (``benchmarks/latency.py``), both written to
+    docs/requests.md. ``-- --quick``: short, nothing written."""
     _install(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
     venv = Path(".nox/bench-anchors")
@@ -705,6 +706,8 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/run.py", *quick, *args, env=env)
         pages = [] if quick else ["--markdown", "docs/requests.md"]
         session.run("python", "benchmarks/request_counts.py", *pages, env=env)
+        samples = ["--samples", "5"] if quick else []
+        session.run("python", "benchmarks/latency.py", *samples, *pages, env=env)
 
 
 @nox.session(name="contract-stress", python=False)

@@ -68,6 +68,9 @@ class DelayProxy:
         self._tasks |= {up, down}
         try:
             await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+            # One side hung up (an HTTP server that closes after its reply does): what is
+            # still on its way is delivered before the other side sees the close.
+            await asyncio.sleep(self.delay)
         except asyncio.CancelledError:
             pass  # the proxy is closing
         finally:

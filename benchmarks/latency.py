@@ -1,0 +1,244 @@
+"""Each store operation's latency behind a proxy that delays every byte 20 ms each way.
+
+Usage: ``python benchmarks/latency.py [--delay 0.02] [--samples 20] [--markdown FILE]``, with
+the servers' URLs in ``AGENT_STORES_BENCH_REDIS`` / ``_POSTGRES`` / ``_DYNAMODB`` /
+``_COSMOS`` / ``_FIRESTORE`` (``nox -s bench`` sets them).
+
+On a real network an operation costs about its sequential round trips times the round
+trip time, plus the client's own work. Each backend's server is put behind
+``benchmarks/proxy.py`` (latency, not bandwidth: every chunk is delivered ``delay`` later,
+without holding the next), the operations of
+:mod:`agent_stores_contract.request_counts` run through it, and each row gives p50 and
+p99 of ``--samples`` runs, the requests the proxy saw (a client's burst on one connection
+counts once), and the bound ``requests x 2 x delay + 10 ms`` the p50 must stay within.
+SQLite and ``memory://`` have no network; Redis Cluster is left out (its clients follow
+the nodes' own addresses, around the proxy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from agent_stores import KVStore, open_kv
+from agent_stores_contract.request_counts import OPERATIONS, Meter, Operations, prepare_backend
+
+try:  # run as a script (python benchmarks/latency.py) or imported as benchmarks.latency
+    from proxy import DelayProxy  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - imported from the repository root
+    from benchmarks.proxy import DelayProxy
+
+BACKENDS = ("redis", "postgres", "dynamodb", "cosmos", "firestore")
+#: URL query options that carry the server's address, per backend (else the URL's netloc).
+ADDRESS_OPTION = {"dynamodb": "endpoint_url", "firestore": "emulator_host"}
+#: What a p50 may take beyond its round trips: the client's and the server's own work.
+EPSILON_SECONDS = 0.010
+#: the generated table's place in the page (docs/requests.md)
+START, END = "<!-- latency:start -->", "<!-- latency:end -->"
+
+
+@dataclass
+class Row:
+    """One operation on one backend: its timings behind the proxy and without delay, and
+    the requests it sent."""
+
+    seconds: list[float]
+    requests: list[int]
+    delay: float
+    local_seconds: list[float]
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def p99(self) -> float:
+        ordered = sorted(self.seconds)
+        return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+    @property
+    def local_p50(self) -> float:
+        """The p50 through the proxy at no delay: the client's and the server's own time."""
+        return statistics.median(self.local_seconds)
+
+    @property
+    def typical_requests(self) -> int:
+        return round(statistics.median(self.requests))
+
+    @property
+    def network(self) -> float:
+        """What the delay added to the p50: the round trips the operation waited for."""
+        return self.typical_requests * 2 * self.delay
+
+    @property
+    def bound(self) -> float:
+        return self.network + EPSILON_SECONDS
+
+    @property
+    def within(self) -> bool:
+        return self.p50 <= self.bound
+
+    @property
+    def delay_within(self) -> bool:
+        """The delay added no more than the requests' round trips (+ epsilon): no hidden
+        sequential request, whatever the server's own speed."""
+        return self.p50 - self.local_p50 <= self.bound
+
+
+def server_address(name: str, url: str) -> tuple[str, int]:
+    """Host and port of the server a backend URL names."""
+    option = ADDRESS_OPTION.get(name)
+    if option is None:
+        parts = urlsplit(url)
+        return parts.hostname or "127.0.0.1", int(parts.port or 0)
+    value = dict(parse_qsl(urlsplit(url).query))[option]
+    found = urlsplit(value if "//" in value else f"//{value}")
+    return found.hostname or "127.0.0.1", int(found.port or 0)
+
+
+def through(name: str, url: str, port: int) -> str:
+    """The same URL with the server's address replaced by the proxy's."""
+    parts = urlsplit(url)
+    option = ADDRESS_OPTION.get(name)
+    if option is None:
+        auth, _, _ = parts.netloc.rpartition("@")
+        return parts._replace(netloc=f"{auth + '@' if auth else ''}127.0.0.1:{port}").geturl()
+    query = dict(parse_qsl(parts.query))
+    old = query[option]
+    query[option] = f"http://127.0.0.1:{port}" if "//" in old else f"127.0.0.1:{port}"
+    return parts._replace(query=urlencode(query)).geturl()
+
+
+async def timings(
+    name: str, url: str, delay: float, samples: int
+) -> dict[str, tuple[list[float], list[int]]]:
+    """operation -> (seconds, requests) of ``samples`` runs behind a ``delay`` proxy.
+
+    Requests are counted at the SDK transport where the backend's fault injector counts
+    them (the cloud backends: a gRPC or HTTP/2 client's acknowledgements are no request);
+    elsewhere they are the proxy's round trips (a burst of pipelined commands is one).
+    """
+    host, port = server_address(name, url)
+    async with DelayProxy(host, port, delay) as proxy:
+        proxied = through(name, url, proxy.port)
+        try:
+            meter: Meter | None = Meter(proxied)
+        except TypeError:
+            meter = None
+
+        async def client() -> KVStore:
+            return await meter.client() if meter is not None else open_kv(proxied)
+
+        found: dict[str, tuple[list[float], list[int]]] = {}
+        async with Operations(client, f"lat-{uuid.uuid4().hex[:8]}:") as ops:
+            for operation in OPERATIONS:
+                await ops.prepare(operation)
+                await ops.run(operation)  # warm: connections open, metadata cached
+                seconds, requests = found[operation] = ([], [])
+                for _ in range(samples):
+                    await ops.prepare(operation)
+                    proxy.stats.reset()
+                    if meter is not None:
+                        meter.counter.requests(reset=True)
+                    started = time.perf_counter()
+                    await ops.run(operation)
+                    seconds.append(time.perf_counter() - started)
+                    counted = sum(meter.counter.requests().values()) if meter else 0
+                    requests.append(counted or proxy.stats.round_trips)
+    return found
+
+
+async def measure(name: str, url: str, delay: float, samples: int) -> dict[str, Row]:
+    """operation -> its row, on one backend: a pass without delay, then one with."""
+    await prepare_backend(url)
+    local = await timings(name, url, 0.0, samples)
+    delayed = await timings(name, url, delay, samples)
+    return {
+        operation: Row(seconds, requests, delay, local[operation][0])
+        for operation, (seconds, requests) in delayed.items()
+    }
+
+
+def table(results: dict[str, dict[str, Row]]) -> str:
+    names = list(results)
+    lines = [
+        "| operation | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for operation in OPERATIONS:
+        cells = []
+        for name in names:
+            row = results[name][operation]
+            mark = "" if row.within else (" (over)" if row.delay_within else " **over**")
+            cells.append(
+                f"{row.p50 * 1000:.0f} / {row.p99 * 1000:.0f} ms; {row.typical_requests} req; "
+                f"no delay {row.local_p50 * 1000:.0f} ms; bound {row.bound * 1000:.0f}{mark}"
+            )
+        lines.append(f"| {operation} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def load_line() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPU(s)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--delay", type=float, default=0.020, help="seconds each way")
+    parser.add_argument("--samples", type=int, default=20, help="timed runs per operation")
+    parser.add_argument("--markdown", type=Path, help="replace the table in this page")
+    args = parser.parse_args()
+    if args.samples < 1:
+        parser.error("--samples must be at least 1")
+    print(f"latency behind a {args.delay * 1000:.0f} ms-each-way proxy; {load_line()}")
+    results: dict[str, dict[str, Row]] = {}
+    for name in BACKENDS:
+        url = os.environ.get(f"AGENT_STORES_BENCH_{name.upper()}")
+        if not url:
+            print(f"{name}: AGENT_STORES_BENCH_{name.upper()} not set, skipped", file=sys.stderr)
+            continue
+        results[name] = asyncio.run(measure(name, url, args.delay, args.samples))
+    if not results:
+        raise SystemExit("no backend URL given")
+    over = [
+        f"{name}: {op}"
+        for name, rows in results.items()
+        for op, row in rows.items()
+        if not row.within
+    ]
+    hidden = [
+        f"{name}: {op}"
+        for name, rows in results.items()
+        for op, row in rows.items()
+        if not row.delay_within
+    ]
+    text = table(results)
+    print(
+        f"\np50 / p99 per operation behind the proxy; requests; p50 with no delay; bound = "
+        f"requests x {2 * args.delay * 1000:.0f} ms + {EPSILON_SECONDS * 1000:.0f} ms\n"
+    )
+    print(text)
+    print(f"\n{load_line()}")
+    print(f"p50 over the bound: {', '.join(over) or 'none'}")
+    print(f"delay added beyond the requests' round trips + epsilon: {', '.join(hidden) or 'none'}")
+    if args.markdown:
+        page = args.markdown.read_text()
+        before, start, rest = page.partition(START)
+        _, end, after = rest.partition(END)
+        if not (start and end):
+            raise SystemExit(f"{args.markdown} has no {START} ... {END} section to replace")
+        stamp = f"_{args.samples} samples per operation; {load_line()}._"
+        args.markdown.write_text(f"{before}{START}\n{text}\n\n{stamp}\n{END}{after}")
+
+
+if __name__ == "__main__":
+    main()
