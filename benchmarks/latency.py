@@ -32,8 +32,10 @@ from agent_stores import KVStore, open_kv
 from agent_stores_contract.request_counts import OPERATIONS, Meter, Operations, prepare_backend
 
 try:  # run as a script (python benchmarks/latency.py) or imported as benchmarks.latency
+    from pages import replace_section  # type: ignore[import-not-found,unused-ignore]
     from proxy import DelayProxy  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
+    from benchmarks.pages import replace_section
     from benchmarks.proxy import DelayProxy
 
 BACKENDS = ("redis", "postgres", "dynamodb", "cosmos", "firestore")
@@ -231,13 +233,8 @@ def main() -> None:
     print(f"p50 over the bound: {', '.join(over) or 'none'}")
     print(f"delay added beyond the requests' round trips + epsilon: {', '.join(hidden) or 'none'}")
     if args.markdown:
-        page = args.markdown.read_text()
-        before, start, rest = page.partition(START)
-        _, end, after = rest.partition(END)
-        if not (start and end):
-            raise SystemExit(f"{args.markdown} has no {START} ... {END} section to replace")
         stamp = f"_{args.samples} samples per operation; {load_line()}._"
-        args.markdown.write_text(f"{before}{START}\n{text}\n\n{stamp}\n{END}{after}")
+        replace_section(args.markdown, START, END, f"{text}\n\n{stamp}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ from pathlib import Path
 
 from agent_stores_contract.request_counts import measure, table
 
+try:  # run as a script (python benchmarks/request_counts.py) or imported as a module
+    from pages import replace_section  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - imported from the repository root
+    from benchmarks.pages import replace_section
+
 BACKENDS = ("dynamodb", "cosmos", "firestore")
 #: the generated table's place in the page (docs/requests.md)
 START, END = "<!-- request-counts:start -->", "<!-- request-counts:end -->"
@@ -38,12 +43,7 @@ def main() -> None:
     print("\nrequests per operation, counted at the SDK transport (steady state)\n")
     print(table(results))
     if args.markdown:
-        page = args.markdown.read_text()
-        before, start, rest = page.partition(START)
-        _, end, after = rest.partition(END)
-        if not (start and end):
-            raise SystemExit(f"{args.markdown} has no {START} ... {END} section to replace")
-        args.markdown.write_text(f"{before}{START}\n{table(results)}\n{END}{after}")
+        replace_section(args.markdown, START, END, table(results))
 
 
 if __name__ == "__main__":

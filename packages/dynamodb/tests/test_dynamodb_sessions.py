@@ -136,17 +136,24 @@ async def test_stale_memory_takes_the_returned_state(dynamodb_url: str) -> None:
             assert len(s.messages) == 6
 
 
+async def written_by_both(kv: DynamoDBKV, elsewhere: DynamoDBKV) -> tuple[SessionStore, ...]:
+    """Two stores, on the metered client and on another; each has written session ``s``
+    once (the other last), so the first's remembered state is stale."""
+    one, two = connect(kv).sessions(), connect(elsewhere).sessions()
+    async with one.turn("s") as s:
+        s.replace(pair(1))
+    async with two.turn("s") as s:
+        s.replace([*s.messages, *pair(2)])
+    return one, two
+
+
 async def test_cold_turn_is_three_requests_without_a_read(
     metered: tuple[DynamoDBKV, Meter], elsewhere: DynamoDBKV
 ) -> None:
     """Another client wrote last: the failed transaction returns the state, a second one
     takes the lease on it, the save follows; the turn sees the other client's messages."""
     kv, meter = metered
-    one, two = connect(kv).sessions(), connect(elsewhere).sessions()
-    async with one.turn("s") as s:
-        s.replace(pair(1))
-    async with two.turn("s") as s:
-        s.replace([*s.messages, *pair(2)])
+    one, two = await written_by_both(kv, elsewhere)
     meter.reset()
     async with one.turn("s") as s:
         assert len(s.messages) == 4
@@ -165,11 +172,9 @@ async def test_a_stale_state_held_by_another_client_is_not_taken(
     """The returned state shows another owner's live lease: the port leaves the turn to
     the core, which waits for it and reports the session busy, never a second owner."""
     kv, meter = metered
-    one, two = connect(kv).sessions(), connect(elsewhere).sessions()
-    async with one.turn("s") as s:
-        s.replace(pair(1))
+    one, two = await written_by_both(kv, elsewhere)
     async with two.turn("s") as held:
-        held.replace([*held.messages, *pair(2)])
+        held.replace([*held.messages, *pair(3)])
         meter.reset()
         with pytest.raises(SessionBusyError):
             async with one.turn("s", timeout_seconds=0.3):
@@ -177,7 +182,7 @@ async def test_a_stale_state_held_by_another_client_is_not_taken(
         assert meter.calls[0] == "TransactWriteItems"  # the port tried, then the core waited
         assert "BatchGetItem" in meter.calls
     async with one.turn("s") as s:
-        assert len(s.messages) == 4
+        assert len(s.messages) == 6
 
 
 async def test_a_failed_replace_in_a_commit_carries_the_stored_item(
