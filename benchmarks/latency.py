@@ -26,9 +26,9 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from agent_stores import KVStore, open_kv
+from agent_stores import KVStore, StoreURL, open_kv
+from agent_stores.plugins import get_registry
 from agent_stores_contract.request_counts import OPERATIONS, Meter, Operations, prepare_backend
 
 try:  # run as a script (python benchmarks/latency.py) or imported as benchmarks.latency
@@ -39,8 +39,6 @@ except ImportError:  # pragma: no cover - imported from the repository root
     from benchmarks.proxy import DelayProxy
 
 BACKENDS = ("redis", "postgres", "dynamodb", "cosmos", "firestore")
-#: URL query options that carry the server's address, per backend (else the URL's netloc).
-ADDRESS_OPTION = {"dynamodb": "endpoint_url", "firestore": "emulator_host"}
 #: What a p50 may take beyond its round trips: the client's and the server's own work.
 EPSILON_SECONDS = 0.010
 #: the generated table's place in the page (docs/requests.md)
@@ -95,42 +93,40 @@ class Row:
         return self.p50 - self.local_p50 <= self.bound
 
 
-def server_address(name: str, url: str) -> tuple[str, int]:
-    """Host and port of the server a backend URL names."""
-    option = ADDRESS_OPTION.get(name)
-    if option is None:
-        parts = urlsplit(url)
-        return parts.hostname or "127.0.0.1", int(parts.port or 0)
-    value = dict(parse_qsl(urlsplit(url).query))[option]
-    found = urlsplit(value if "//" in value else f"//{value}")
-    return found.hostname or "127.0.0.1", int(found.port or 0)
+def server_address(url: str) -> tuple[str, int]:
+    """Host and port of the server a backend URL names (the backend's ``server_address``
+    hook, else the URL's own)."""
+    parsed = StoreURL.parse(url)
+    address: tuple[str, int] | None = get_registry().hook.server_address(url=parsed)
+    if address is None and parsed.host and parsed.port:
+        address = (parsed.host, parsed.port)
+    if address is None:
+        raise SystemExit(f"{parsed.scheme}: no server address to put a proxy in front of")
+    return address
 
 
-def through(name: str, url: str, port: int) -> str:
-    """The same URL with the server's address replaced by the proxy's."""
-    parts = urlsplit(url)
-    option = ADDRESS_OPTION.get(name)
-    if option is None:
-        auth, _, _ = parts.netloc.rpartition("@")
-        return parts._replace(netloc=f"{auth + '@' if auth else ''}127.0.0.1:{port}").geturl()
-    query = dict(parse_qsl(parts.query))
-    old = query[option]
-    query[option] = f"http://127.0.0.1:{port}" if "//" in old else f"127.0.0.1:{port}"
-    return parts._replace(query=urlencode(query)).geturl()
+def through(url: str, port: int) -> str:
+    """The same URL reaching its server through the proxy (the ``proxied_url`` hook: the
+    backend knows which option holds its address, and what else to switch off)."""
+    hook = get_registry().hook
+    proxied: StoreURL | None = hook.proxied_url(
+        url=StoreURL.parse(url), host="127.0.0.1", port=port
+    )
+    if proxied is None:
+        raise SystemExit(f"{StoreURL.parse(url).scheme}: cannot be reached through a TCP proxy")
+    return proxied.render_with_secrets()
 
 
-async def timings(
-    name: str, url: str, delay: float, samples: int
-) -> dict[str, tuple[list[float], list[int]]]:
+async def timings(url: str, delay: float, samples: int) -> dict[str, tuple[list[float], list[int]]]:
     """operation -> (seconds, requests) of ``samples`` runs behind a ``delay`` proxy.
 
     Requests are counted at the SDK transport where the backend's fault injector counts
     them (the cloud backends: a gRPC or HTTP/2 client's acknowledgements are no request);
     elsewhere they are the proxy's round trips (a burst of pipelined commands is one).
     """
-    host, port = server_address(name, url)
+    host, port = server_address(url)
     async with DelayProxy(host, port, delay) as proxy:
-        proxied = through(name, url, proxy.port)
+        proxied = through(url, proxy.port)
         try:
             meter: Meter | None = Meter(proxied)
         except TypeError:
@@ -158,11 +154,11 @@ async def timings(
     return found
 
 
-async def measure(name: str, url: str, delay: float, samples: int) -> dict[str, Row]:
+async def measure(url: str, delay: float, samples: int) -> dict[str, Row]:
     """operation -> its row, on one backend: a pass without delay, then one with."""
     await prepare_backend(url)
-    local = await timings(name, url, 0.0, samples)
-    delayed = await timings(name, url, delay, samples)
+    local = await timings(url, 0.0, samples)
+    delayed = await timings(url, delay, samples)
     return {
         operation: Row(seconds, requests, delay, local[operation][0])
         for operation, (seconds, requests) in delayed.items()
@@ -208,7 +204,7 @@ def main() -> None:
         if not url:
             print(f"{name}: AGENT_STORES_BENCH_{name.upper()} not set, skipped", file=sys.stderr)
             continue
-        results[name] = asyncio.run(measure(name, url, args.delay, args.samples))
+        results[name] = asyncio.run(measure(url, args.delay, args.samples))
     if not results:
         raise SystemExit("no backend URL given")
     over = [

@@ -551,7 +551,7 @@ class FaultContract(ContractBase):
             return
         async with TCPProxy(*address) as proxy:
             through = hook.proxied_url(url=url, host=proxy.host, port=proxy.port)
-            yield None if through is None else (proxy, str(through))
+            yield None if through is None else (proxy, through.render_with_secrets())
 
     async def test_a_silent_server_interrupts_the_owner_before_its_lease_expires(
         self, silent: tuple[TCPProxy, str] | None, store_url: str, ns: str
