@@ -643,14 +643,15 @@ async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: s
         await close(store)
 
 
-async def section_memory(
-    res: Results, pg_url: str | None, trials: int, ops: int, workdir: Path
-) -> None:
+MemoryGroup = tuple[str, Any, Any, Callable[[], Awaitable[None]]]
+
+
+async def memory_groups(pg_url: str | None, run: str, workdir: Path) -> list[MemoryGroup]:
+    """(label, our store, the harness's store, close both) on PostgreSQL and SQLite."""
     from agent_stores import connect
     from pydantic_ai_harness.memory import PostgresMemoryStore, SqliteMemoryStore
 
-    run = uuid.uuid4().hex[:8]
-    groups: list[tuple[str, Any, Any, Callable[[], Awaitable[None]]]] = []
+    groups: list[MemoryGroup] = []
     if pg_url:
         import asyncpg
 
@@ -679,7 +680,63 @@ async def section_memory(
         conn.close()
 
     groups.append(("SQLite (WAL + NORMAL both)", ours_sqlite, theirs_sqlite, close_sqlite))
-    for label, ours_store, theirs_store, closer in groups:
+    return groups
+
+
+async def memory_trial(
+    stores: dict[str, Any], run: str, trial: int, ops: int
+) -> dict[str, dict[str, list[float]]]:
+    """One trial: creates, CAS writes with receipt and reads, alternating the stores one
+    operation at a time (who goes first flips every operation): a shared disk whose fsync
+    latency drifts within seconds then weighs on both alike."""
+    per: dict[str, dict[str, list[float]]] = {
+        k: {"ours": [], "anchor": []} for k in ("create", "write", "read")
+    }
+    gc.collect()
+    # Half as many creates as writes: enough for a stable median (each create also writes
+    # its directory markers, so its time spreads wider).
+    for k in range(max(3, ops // 2)):
+        for name in rotated(("ours", "anchor"), k):
+            t0 = time.perf_counter()
+            await stores[name].write(
+                f"bench/{run}/{trial}-{name}-{k}/new.md",
+                memory_content(0),
+                expected_version=None,
+                operation=operation(),
+            )
+            per["create"][name].append(time.perf_counter() - t0)
+    paths = {name: f"bench/{run}/{trial}-{name}/MEMORY.md" for name in stores}
+    versions = {}
+    for name, store in stores.items():
+        m = await store.write(
+            paths[name], memory_content(0), expected_version=None, operation=operation()
+        )
+        versions[name] = m.version
+    for i in range(1, ops + 1):
+        for name in rotated(("ours", "anchor"), i):
+            t0 = time.perf_counter()
+            m = await stores[name].write(
+                paths[name],
+                memory_content(i),
+                expected_version=versions[name],
+                operation=operation(),
+            )
+            per["write"][name].append(time.perf_counter() - t0)
+            versions[name] = m.version
+    for i in range(ops):
+        for name in rotated(("ours", "anchor"), i):
+            t0 = time.perf_counter()
+            got = await stores[name].read(paths[name], max_chars=100_000)
+            per["read"][name].append(time.perf_counter() - t0)
+            assert got is not None and got.content == memory_content(ops)
+    return per
+
+
+async def section_memory(
+    res: Results, pg_url: str | None, trials: int, ops: int, workdir: Path
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    for label, ours_store, theirs_store, closer in await memory_groups(pg_url, run, workdir):
         print(
             f"\nmemory on {label}: create, CAS write with receipt, read of a 1,024-char file, vs the harness store"
         )
@@ -702,50 +759,8 @@ async def section_memory(
                 k: {"ours": [], "anchor": []} for k in ("create", "write", "read")
             }
             trial_medians: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
-            # Operations alternate between the libraries one by one (who goes first flips
-            # every operation): a shared disk whose fsync latency drifts within seconds
-            # then weighs on both alike.
             for trial in range(trials):
-                per: dict[str, dict[str, list[float]]] = {
-                    k: {"ours": [], "anchor": []} for k in kinds
-                }
-                gc.collect()
-                # Half as many creates as writes: enough for a stable median (each create
-                # also writes its directory markers, so its time spreads wider).
-                for k in range(max(3, ops // 2)):
-                    for name in rotated(("ours", "anchor"), k):
-                        t0 = time.perf_counter()
-                        await stores[name].write(
-                            f"bench/{run}/{trial}-{name}-{k}/new.md",
-                            memory_content(0),
-                            expected_version=None,
-                            operation=operation(),
-                        )
-                        per["create"][name].append(time.perf_counter() - t0)
-                paths = {name: f"bench/{run}/{trial}-{name}/MEMORY.md" for name in stores}
-                versions = {}
-                for name, store in stores.items():
-                    m = await store.write(
-                        paths[name], memory_content(0), expected_version=None, operation=operation()
-                    )
-                    versions[name] = m.version
-                for i in range(1, ops + 1):
-                    for name in rotated(("ours", "anchor"), i):
-                        t0 = time.perf_counter()
-                        m = await stores[name].write(
-                            paths[name],
-                            memory_content(i),
-                            expected_version=versions[name],
-                            operation=operation(),
-                        )
-                        per["write"][name].append(time.perf_counter() - t0)
-                        versions[name] = m.version
-                for i in range(ops):
-                    for name in rotated(("ours", "anchor"), i):
-                        t0 = time.perf_counter()
-                        got = await stores[name].read(paths[name], max_chars=100_000)
-                        per["read"][name].append(time.perf_counter() - t0)
-                        assert got is not None and got.content == memory_content(ops)
+                per = await memory_trial(stores, run, trial, ops)
                 for kind in kinds:
                     for name in ("ours", "anchor"):
                         kinds[kind][name] += per[kind][name]

@@ -109,12 +109,9 @@ def _chain(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> list[ReadableS
     return out
 
 
-async def test_store_spans_nest_under_the_agent_run(
-    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], secret_url: str
-) -> None:
-    exporter, reader = otel
-    exporter.clear()
-    async with connect(secret_url) as conn:
+async def _one_agent_turn_on_every_store(url: str) -> None:
+    """One agent run inside a session turn, writing memory and steps from a tool."""
+    async with connect(url) as conn:
         await conn.kv.setup()
         sessions = conn.sessions()
         memory = conn.memory()
@@ -143,6 +140,43 @@ async def test_store_spans_nest_under_the_agent_run(
                 ],
             )
             session.replace(result.all_messages())
+
+
+def _assert_client_spans_of(system: str, store_spans: list[ReadableSpan]) -> None:
+    """Every store span is a CLIENT span naming the database, operation and server; those
+    through the KV API report their round trips and bytes (a backend's native statements,
+    like PostgreSQL's memory writes, are not counted)."""
+    for span in store_spans:
+        attrs = dict(span.attributes or {})
+        assert attrs["db.system"] == system and attrs["db.operation.name"]
+        assert span.kind == trace.SpanKind.CLIENT
+        assert attrs["server.address"] and isinstance(attrs.get("server.port"), int)
+    searches = [s for s in store_spans if s.name == "agent_stores.memory.search"]
+    assert searches and all(
+        (s.attributes or {})["agent_stores.round_trips"] >= 1
+        and (s.attributes or {})["agent_stores.bytes"] > 0
+        for s in searches
+    )
+
+
+def _store_metric_names(reader: InMemoryMetricReader) -> set[str]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        m.name
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if sm.scope.name == "agent_stores"
+    }
+
+
+async def test_store_spans_nest_under_the_agent_run(
+    otel: tuple[InMemorySpanExporter, InMemoryMetricReader], secret_url: str
+) -> None:
+    exporter, reader = otel
+    exporter.clear()
+    await _one_agent_turn_on_every_store(secret_url)
     spans = list(exporter.get_finished_spans())
     by_id = {s.context.span_id: s for s in spans}
     runs = [s for s in spans if s.name.startswith(("invoke_agent", "agent run"))]
@@ -159,37 +193,15 @@ async def test_store_spans_nest_under_the_agent_run(
     # The turn's own spans wrap the run, outside it.
     names = {s.name for s in store_spans}
     assert {"agent_stores.session.acquire", "agent_stores.session.release"} <= names
-    system = "postgresql"
-    for span in store_spans:
-        attrs = dict(span.attributes or {})
-        assert attrs["db.system"] == system and attrs["db.operation.name"]
-        assert span.kind == trace.SpanKind.CLIENT
-        assert attrs["server.address"] and isinstance(attrs.get("server.port"), int)
-    # Operations through the KV API report their round trips and bytes (a backend's
-    # native statements, like PostgreSQL's memory writes, are not counted).
-    searches = [s for s in store_spans if s.name == "agent_stores.memory.search"]
-    assert searches and all(
-        (s.attributes or {})["agent_stores.round_trips"] >= 1
-        and (s.attributes or {})["agent_stores.bytes"] > 0
-        for s in searches
-    )
+    _assert_client_spans_of("postgresql", store_spans)
     for span in spans:
         text = repr(dict(span.attributes or {})) + span.name + repr(span.events)
         assert SECRET not in text, span.name
-    data = reader.get_metrics_data()
-    assert data is not None
-    found = {
-        m.name
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if sm.scope.name == "agent_stores"
-    }
     assert {
         "agent_stores.operation.duration",
         "agent_stores.session.turn.duration",
         "agent_stores.session.lease.wait",
-    } <= found
+    } <= _store_metric_names(reader)
 
 
 async def test_failed_operation_has_error_type_and_counts_a_conflict(
