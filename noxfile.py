@@ -515,6 +515,7 @@ GENERIC_PATH_ELSEWHERE = " or ".join(
         "PostgresMemoryGeneric",
         "PostgresCheckpointerGeneric",
         "DynamoDBSessionsGeneric",
+        "DynamoDBMemoryGeneric",
     )
 )
 GENERIC_PATH_SLOW = " or ".join(("processes", "new_process", "killed", "50_tasks", "crash_between"))

@@ -889,17 +889,45 @@ class DynamoDBKV(KVStore):
         )
 
     async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
-        if len(ops) > TRANSACTION_MAX_ITEMS:
+        return await self._transact([(scope, op) for op in ops], (), now)
+
+    async def transact(
+        self,
+        ops: Sequence[tuple[str, Operation]],
+        *,
+        ensure: Sequence[tuple[str, str, bytes]] = (),
+    ) -> list[str | None]:
+        """``commit`` across scopes: ``(scope, operation)`` pairs all-or-nothing in one
+        TransactWriteItems, plus ``ensure``: ``(scope, key, value)`` items created when
+        absent and left as they are when present (directory markers), which never fail it.
+
+        For this package's native ports (the memory port's record, receipt and markers):
+        the caller has checked ids and values (``check_file_write``). Returns each
+        operation's new version (None for Delete and Check); a failed condition raises
+        :class:`~agent_stores.errors.ConflictError` (``index`` into ``ops``), one on a
+        Replace a :class:`StaleConditionError` carrying the stored item.
+        """
+        self.check_open()
+        return await self._transact(list(ops), list(ensure), self.clock())
+
+    async def _transact(
+        self,
+        ops: list[tuple[str, Operation]],
+        ensure: Sequence[tuple[str, str, bytes]],
+        now: float,
+    ) -> list[str | None]:
+        count = len(ops) + len(ensure)
+        if count > TRANSACTION_MAX_ITEMS:
             raise ValueTooLargeError(
-                f"commit of {len(ops)} operations: a DynamoDB transaction holds at most "
+                f"commit of {count} operations: a DynamoDB transaction holds at most "
                 f"{TRANSACTION_MAX_ITEMS}; nothing was written",
-                size=len(ops),
+                size=count,
                 limit=TRANSACTION_MAX_ITEMS,
             )
         size = sum(
             len(op.value) + ITEM_OVERHEAD_BYTES if isinstance(op, Create | Replace) else 0
-            for op in ops
-        )
+            for _, op in ops
+        ) + sum(len(value) + ITEM_OVERHEAD_BYTES for _, _, value in ensure)
         if size > TRANSACTION_MAX_BYTES:
             raise ValueTooLargeError(
                 f"commit of about {size} bytes: a DynamoDB transaction holds at most "
@@ -909,18 +937,34 @@ class DynamoDBKV(KVStore):
             )
         versions: list[str | None] = []
         items: list[dict[str, Any]] = []
-        for op in ops:
+        for scope, op in ops:
             version = new_version() if isinstance(op, Create | Replace) else None
             versions.append(version)
             items.append(self._transact_item(scope, op, version, now))
+        items += [self._ensure_item(scope, key, value) for scope, key, value in ensure]
         try:
             await self._call("transact_write_items", TransactItems=items)
         except _ConditionFailed as failed:
-            if self._landed(scope, ops, versions, failed):
+            if self._landed(ops, versions, failed):
                 return versions  # our own first attempt landed; this was botocore's retry
             self._raise_if_ambiguous(failed, f"committing {len(ops)} operations")
-            raise self._cancelled(scope, ops, failed.reasons, failed.items, now) from None
+            raise self._cancelled(ops, failed.reasons, failed.items, now) from None
         return versions
+
+    def _ensure_item(self, scope: str, key: str, value: bytes) -> dict[str, Any]:
+        """An Update that creates the item when absent and changes nothing when present."""
+        return {
+            "Update": {
+                "TableName": self.table,
+                "Key": self._item_key(scope, key),
+                "UpdateExpression": "SET #v = if_not_exists(#v, :v), #ver = if_not_exists(#ver, :ver)",
+                "ExpressionAttributeNames": {"#v": A_VALUE, "#ver": A_VERSION},
+                "ExpressionAttributeValues": {
+                    ":v": {"B": bytes(value)},
+                    ":ver": {"S": new_version()},
+                },
+            }
+        }
 
     def _raise_if_ambiguous(self, failed: _ConditionFailed, what: str) -> None:
         """A condition that failed on botocore's re-send, after an attempt whose reply was
@@ -934,7 +978,10 @@ class DynamoDBKV(KVStore):
             )
 
     def _landed(
-        self, scope: str, ops: list[Operation], versions: list[str | None], failed: _ConditionFailed
+        self,
+        ops: list[tuple[str, Operation]],
+        versions: list[str | None],
+        failed: _ConditionFailed,
     ) -> bool:
         """Did an earlier attempt of this very transaction apply it?
 
@@ -945,8 +992,7 @@ class DynamoDBKV(KVStore):
         Replace whose item carries the version generated for it proves the transaction
         was applied (the version is random and written by this transaction only).
         """
-        pk = self._pk(scope)
-        for op, version, reason, item in zip(
+        for (scope, op), version, reason, item in zip(
             ops, versions, failed.reasons, failed.items, strict=False
         ):
             if reason != "ConditionalCheckFailed" or version is None or not item:
@@ -957,7 +1003,7 @@ class DynamoDBKV(KVStore):
                 isinstance(key, Mapping)
                 and isinstance(part, Mapping)
                 and key.get("S") == op.key
-                and part.get("S") == pk
+                and part.get("S") == self._pk(scope)
                 and _version_of(item) == version
             ):
                 return True
@@ -965,8 +1011,7 @@ class DynamoDBKV(KVStore):
 
     def _cancelled(
         self,
-        scope: str,
-        ops: list[Operation],
+        ops: list[tuple[str, Operation]],
         reasons: list[str],
         items: list[Mapping[str, Any] | None],
         now: float,
@@ -974,12 +1019,12 @@ class DynamoDBKV(KVStore):
         """The typed error of a cancelled transaction, from its reasons item by item."""
         if "ConditionalCheckFailed" in reasons:
             index = reasons.index("ConditionalCheckFailed")
-            key = ops[index].key if index < len(ops) else "?"
+            scope, key = (ops[index][0], ops[index][1].key) if index < len(ops) else ("?", "?")
             detail = (
                 f"commit: the condition on {key[:80]!r} in scope {scope[:80]!r} "
                 f"(operation {index}) failed; nothing was written"
             )
-            if index < len(ops) and isinstance(ops[index], Replace):
+            if index < len(ops) and isinstance(ops[index][1], Replace):
                 item = items[index] if index < len(items) else None
                 stored = None
                 if item and not self._expired(item, now):
@@ -992,6 +1037,8 @@ class DynamoDBKV(KVStore):
                 detail=f"{self.describe()}: DynamoDB refused the transaction as invalid: {reasons}"
             )
         if "ItemCollectionSizeLimitExceeded" in reasons:
+            index = reasons.index("ItemCollectionSizeLimitExceeded")
+            scope = ops[index][0] if index < len(ops) else "?"
             return ValueTooLargeError(
                 f"{self.describe()}: scope {scope[:80]!r} is over DynamoDB's 10 GB item "
                 f"collection limit; nothing was written ({reasons})",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from agent_stores.backend import KVStore, RegisterBackend, StoreURL, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector, SessionPort
+    from agent_stores.backend import FaultInjector, MemoryPort, SessionPort
 
     from .kv import DynamoDBKV
 
@@ -69,6 +69,17 @@ def session_port(kv: KVStore) -> SessionPort | None:
     from .sessions import DynamoDBSessionPort
 
     return DynamoDBSessionPort(dynamodb_kv)
+
+
+@hookimpl
+def memory_port(kv: KVStore) -> MemoryPort | None:
+    """The native memory port (record, receipt and markers in one TransactWriteItems)."""
+    dynamodb_kv = _dynamodb(kv)
+    if dynamodb_kv is None:
+        return None
+    from .memory import DynamoDBMemoryPort
+
+    return DynamoDBMemoryPort(dynamodb_kv)
 
 
 @hookimpl
