@@ -10,7 +10,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from agent_stores import StoreURL
+import pytest_asyncio
+from agent_stores import StoreURL, open_kv
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVER_SCRIPT = REPO_ROOT / "scripts" / "servers" / "dynamodb.py"
@@ -44,12 +45,31 @@ def with_options(url: str, **options: str) -> str:
     return StoreURL.parse(url).with_query(**options).render_with_secrets()
 
 
+async def on_a_table_of_its_own(url: str) -> str:
+    """``url`` with a fresh prefix on a new table, created here.
+
+    moto copies the whole table for every item of a TransactWriteItems (its rollback
+    backup), so on one table shared by a whole contract run each transaction grows slower
+    as earlier tests' items pile up: late in the run, concurrent memory writes (one
+    transaction each) took seconds and hit the deadline. DynamoDB itself does no such
+    thing; a table per test keeps moto's copy to the test's own items.
+    """
+    parsed = StoreURL.parse(with_fresh_prefix(url))
+    fresh = parsed.set(host=f"agent-stores-test-{uuid.uuid4().hex[:12]}").render_with_secrets()
+    kv = open_kv(fresh)
+    try:
+        await kv.setup()
+    finally:
+        await kv.aclose()
+    return fresh
+
+
 # moto handles one request at a time (see scripts/servers/dynamodb.py): the tests that
 # start worker processes need more than the contract's default deadline on a busy machine.
 @pytest.mark.timeout(CONTRACT_TIMEOUT)
 class DynamoDBURL:
-    """Runs a contract class on the moto server, a fresh prefix per test."""
+    """Runs a contract class on the moto server, a table of its own per test."""
 
-    @pytest.fixture
-    def store_url(self, dynamodb_base_url: str) -> str:
-        return with_fresh_prefix(dynamodb_base_url)
+    @pytest_asyncio.fixture
+    async def store_url(self, dynamodb_base_url: str) -> str:
+        return await on_a_table_of_its_own(dynamodb_base_url)
