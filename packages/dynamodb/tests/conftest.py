@@ -11,7 +11,13 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from dynamodb_test_support import URL_ENV, load_server_module, with_fresh_prefix
+import pytest_asyncio
+from dynamodb_test_support import (
+    URL_ENV,
+    load_server_module,
+    on_a_table_of_its_own,
+    with_fresh_prefix,
+)
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +38,10 @@ def dynamodb_base_url() -> Iterator[str]:
 def dynamodb_url(dynamodb_base_url: str) -> str:
     """The moto server with a fresh prefix."""
     return with_fresh_prefix(dynamodb_base_url)
+
+
+@pytest_asyncio.fixture
+async def own_table_url(dynamodb_base_url: str) -> str:
+    """The moto server on a new table of its own, with a fresh prefix: for tests of
+    transactions, which moto makes as slow as the whole table is big."""
+    return await on_a_table_of_its_own(dynamodb_base_url)

@@ -25,9 +25,9 @@ def operation() -> MemoryOperation:
 
 
 @pytest_asyncio.fixture
-async def metered(dynamodb_url: str) -> AsyncIterator[tuple[Meter, KVMemoryStore, KVMemoryStore]]:
+async def metered(own_table_url: str) -> AsyncIterator[tuple[Meter, KVMemoryStore, KVMemoryStore]]:
     """Two memory stores on two metered clients (two processes, as far as each can tell)."""
-    meter = Meter(dynamodb_url)
+    meter = Meter(own_table_url)
     prefix = f"mp-{uuid.uuid4().hex[:8]}:"
     one = KVMemoryStore(await meter.client(), scope_prefix=prefix, owns_kv=True)
     two = KVMemoryStore(await meter.client(), scope_prefix=prefix, owns_kv=True)
@@ -37,8 +37,8 @@ async def metered(dynamodb_url: str) -> AsyncIterator[tuple[Meter, KVMemoryStore
     await two.aclose()
 
 
-async def test_hook_gives_the_native_port(dynamodb_url: str) -> None:
-    async with open_memory(dynamodb_url) as memory:
+async def test_hook_gives_the_native_port(own_table_url: str) -> None:
+    async with open_memory(own_table_url) as memory:
         assert isinstance(memory.port, DynamoDBMemoryPort)
         assert memory.port.atomic
 
@@ -96,10 +96,10 @@ async def test_a_replayed_operation_writes_nothing_again(
     assert got is not None and got.content == "once"
 
 
-async def test_transact_is_all_or_nothing_and_keeps_existing_markers(dynamodb_url: str) -> None:
+async def test_transact_is_all_or_nothing_and_keeps_existing_markers(own_table_url: str) -> None:
     """A failed condition anywhere writes nothing (markers included); an existing marker
     keeps its version and value."""
-    kv = open_kv(dynamodb_url)
+    kv = open_kv(own_table_url)
     assert isinstance(kv, DynamoDBKV)
     try:
         marker = await kv.create("dirs", "d/", b"{}")

@@ -53,8 +53,9 @@ class Moto:
         )
 
     def tables(self, region: str) -> list[str]:
-        names: list[str] = self.client(region).list_tables()["TableNames"]
-        return names
+        # Every page: the contract's classes in this session make a table per test.
+        pages = self.client(region).get_paginator("list_tables").paginate()
+        return [name for page in pages for name in page["TableNames"]]
 
     def regions_with(self, table: str) -> list[str]:
         return [r for r in REGIONS if table in self.tables(r)]

@@ -51,9 +51,9 @@ class Meter:
 
 
 @pytest_asyncio.fixture
-async def metered(dynamodb_base_url: str) -> AsyncIterator[tuple[DynamoDBKV, Meter]]:
+async def metered(own_table_url: str) -> AsyncIterator[tuple[DynamoDBKV, Meter]]:
     """A store on a ready client whose every HTTP request is counted."""
-    settings = parse_url(dynamodb_base_url)
+    settings = parse_url(own_table_url)
     meter = Meter()
     async with get_session().create_client("dynamodb", **settings.client_kwargs()) as client:
         client.meta.events.register("before-send.dynamodb", meter.before_send)
@@ -66,11 +66,11 @@ async def metered(dynamodb_base_url: str) -> AsyncIterator[tuple[DynamoDBKV, Met
 
 @pytest_asyncio.fixture
 async def elsewhere(
-    dynamodb_base_url: str, metered: tuple[DynamoDBKV, Meter]
+    own_table_url: str, metered: tuple[DynamoDBKV, Meter]
 ) -> AsyncIterator[DynamoDBKV]:
     """A second client on the same table and prefix: another process, as far as the
     metered client's session port can tell."""
-    settings = parse_url(dynamodb_base_url)
+    settings = parse_url(own_table_url)
     async with get_session().create_client("dynamodb", **settings.client_kwargs()) as client:
         kv = open_kv(client, table=settings.table, prefix=metered[0].prefix)
         assert isinstance(kv, DynamoDBKV)
@@ -78,9 +78,9 @@ async def elsewhere(
         await kv.aclose()
 
 
-async def test_hook_gives_the_native_port(dynamodb_url: str) -> None:
+async def test_hook_gives_the_native_port(own_table_url: str) -> None:
     """open_sessions on a dynamodb:// URL runs the core's store over the DynamoDB port."""
-    async with open_sessions(dynamodb_url) as sessions:
+    async with open_sessions(own_table_url) as sessions:
         assert isinstance(sessions, SessionStore)
         assert isinstance(sessions.storage.port, DynamoDBSessionPort)
     async with open_sessions("memory://native-check") as other:
@@ -119,11 +119,11 @@ async def test_warm_turn_is_two_requests_and_bytes_stay_flat(
     assert bytes_at[1000] < 40_000  # far from the ~500 KB of the whole history
 
 
-async def test_stale_memory_takes_the_returned_state(dynamodb_url: str) -> None:
+async def test_stale_memory_takes_the_returned_state(own_table_url: str) -> None:
     """When another process wrote the session since this one saved, the remembered state
     fails its condition and the turn goes on from the state the failure returned: nothing
     lost, no double owner."""
-    async with open_sessions(dynamodb_url) as one, open_sessions(dynamodb_url) as two:
+    async with open_sessions(own_table_url) as one, open_sessions(own_table_url) as two:
         async with one.turn("s") as s:
             s.replace(pair(1))
         async with two.turn("s") as s:
