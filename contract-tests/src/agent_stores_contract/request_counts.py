@@ -205,10 +205,14 @@ def table(results: dict[str, dict[str, dict[str, int]]]) -> str:
 
 
 def documented_totals(page: str, backend: str) -> dict[str, int]:
-    """The totals a page's table (as :func:`table` writes it) lists for ``backend``."""
+    """The totals a page's first table (as :func:`table` writes it) lists for ``backend``
+    (later tables, such as the latency table, may name the same operations)."""
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| "))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     rows = [
         [cell.strip() for cell in line.strip().strip("|").split(" | ")]
-        for line in page.splitlines()
+        for line in lines[start:end]
         if line.startswith("| ")
     ]
     header, body = rows[0], rows[1:]
