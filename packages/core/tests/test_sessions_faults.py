@@ -179,6 +179,38 @@ async def test_every_kv_call_is_bounded_by_the_deadline() -> None:
         await kv.get("s", "k")
 
 
+async def test_a_nested_bounded_call_is_covered_by_the_outer_deadline() -> None:
+    """A call bounded inside another bounded call of the same store (a native port's request
+    inside the session layer's call) sets no timer of its own, yet still gives up in time."""
+    from agent_stores.kv.base import within_deadline
+
+    injector, kv = faulty(MemoryKV())
+    kv.deadline_seconds = 0.2
+    injector.arm("Blackhole")
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.2 s"):
+        await within_deadline(kv, within_deadline(kv, kv.get("s", "k")))
+    assert asyncio.get_running_loop().time() - started < 5
+
+
+async def test_a_task_started_inside_a_bounded_call_keeps_its_own_deadline() -> None:
+    """A background task started during a bounded call (a chunk clean-up) inherits the
+    call's context but not its timer: its own requests are bounded by their own deadline."""
+    from agent_stores.kv.base import within_deadline
+
+    injector, kv = faulty(MemoryKV())
+    kv.deadline_seconds = 0.2
+    spawned: list[asyncio.Task[object]] = []
+
+    async def outer() -> None:
+        spawned.append(asyncio.get_running_loop().create_task(kv.get("s", "k")))
+
+    await within_deadline(kv, outer())
+    injector.arm("Blackhole")
+    with pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.2 s"):
+        await asyncio.wait_for(spawned[0], timeout=10)
+
+
 async def test_a_cold_turn_that_recopies_aged_chunks_reads_its_history() -> None:
     """A store that never saw the session takes a turn whose acquire must re-copy chunks
     due to expire: the copies are cached as they are written, so the chunk reads that

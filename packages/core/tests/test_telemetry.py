@@ -265,6 +265,46 @@ def test_without_a_provider_nothing_is_created() -> None:
     assert out == "ok"
 
 
+def test_a_meter_provider_alone_records_turn_metrics() -> None:
+    """Turns skip telemetry entirely while no provider is configured, and record their
+    metrics as soon as an application sets only a meter provider (no tracer)."""
+    out = _run(
+        """
+        import asyncio
+        from agent_stores import open_sessions, telemetry
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        async def turns(store, n):
+            for i in range(n):
+                async with store.turn("s") as session:
+                    session.replace(session.messages)
+
+        async def main():
+            store = open_sessions("memory://")
+            assert not telemetry.recording()
+            await turns(store, 2)
+            reader = InMemoryMetricReader()
+            metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+            assert telemetry.recording() and not telemetry.enabled()
+            await turns(store, 3)
+            await store.aclose()
+            names = {
+                m.name: sum(p.count for p in m.data.data_points)
+                for rm in reader.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+            }
+            print(names["agent_stores.session.turn.duration"],
+                  names["agent_stores.session.lease.wait"])
+
+        asyncio.run(main())
+        """
+    )
+    assert out == "3 3"
+
+
 def test_without_the_api_installed_helpers_are_the_identity() -> None:
     out = _run(
         """

@@ -104,6 +104,25 @@ def enabled() -> bool:
     return _api() and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
 
 
+# The API's stand-ins until an application sets a meter provider (the proxy's class is
+# not exported, hence by name).
+_PLACEHOLDER_METER_PROVIDERS = frozenset({"_ProxyMeterProvider", "NoOpMeterProvider"})
+
+
+def recording() -> bool:
+    """True when the application configured a tracer or a meter provider.
+
+    Without either every span and instrument is a no-op, so the per-turn wrappers skip
+    even the bookkeeping (timestamps, attributes) and a turn costs what it would without
+    OpenTelemetry installed.
+    """
+    if not _api():
+        return False
+    if not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+        return True
+    return type(_metrics.get_meter_provider()).__name__ not in _PLACEHOLDER_METER_PROVIDERS
+
+
 def backend_attributes(kv: Any) -> dict[str, Any]:
     """Semantic-convention attributes of a KV store (cached per store object)."""
     if kv is None:
@@ -387,6 +406,8 @@ def turn_enter(fn: Callable[[Any], Awaitable[T]]) -> Callable[[Any], Awaitable[T
 
     @functools.wraps(fn)
     async def wrapper(turn: Any) -> T:
+        if not recording():
+            return await fn(turn)
         kv = _find_kv(lambda t: t.store.kv, (turn,))
         started = time.perf_counter()
         with span("session.acquire", kv):
@@ -405,6 +426,8 @@ def turn_exit(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
     @functools.wraps(fn)
     async def wrapper(turn: Any, *args: Any) -> T:
+        if not recording() and turn not in _turn_started:
+            return await fn(turn, *args)
         kv = _find_kv(lambda t: t.store.kv, (turn,))
         outcome = "ok" if not args or args[0] is None else "error"
         try:

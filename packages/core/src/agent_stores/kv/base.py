@@ -23,6 +23,7 @@ import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
@@ -51,6 +52,16 @@ DEFAULT_DEADLINE_SECONDS = 20.0
 """The default of :attr:`KVStore.deadline_seconds` (backends take it from ``?deadline=``)."""
 
 
+# The store, task and loop time of the innermost running ``within_deadline``. A call nested
+# in another of the same store in the same task (a native port's request inside the session
+# layer's bounded call) that would end no earlier needs no timer of its own. The task is
+# part of it because a task started inside a bounded call inherits this context but is not
+# covered by that call's timer.
+_running_deadline: ContextVar[tuple[int, object, float] | None] = ContextVar(
+    "agent_stores_running_deadline", default=None
+)
+
+
 async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
     """Await ``call`` (a backend request of ``kv``) for at most ``kv.deadline_seconds``.
 
@@ -62,7 +73,15 @@ async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
     deadline = kv.deadline_seconds
     if deadline is None:
         return await call
-    scope = asyncio.timeout(deadline)
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + deadline
+    task = asyncio.current_task()
+    running = _running_deadline.get()
+    if running is not None and running[0] == id(kv) and running[1] is task and running[2] <= ends:
+        # Already bounded by an outer call of this store, which ends first and reports it.
+        return await call
+    token = _running_deadline.set((id(kv), task, ends))
+    scope = asyncio.timeout_at(ends)
     try:
         async with scope:
             return await call
@@ -73,6 +92,8 @@ async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
             detail=f"{kv.describe()} did not answer within {deadline:g} s "
             "(the call's deadline: the URL option deadline=SECONDS)"
         ) from None
+    finally:
+        _running_deadline.reset(token)
 
 
 def _bounded(

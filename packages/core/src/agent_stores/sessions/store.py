@@ -119,7 +119,7 @@ class Session:
         self._turn.check_usable()
         items = list(messages)
         for index, message in enumerate(items):
-            if not isinstance(message, ModelRequest | ModelResponse):
+            if not isinstance(message, (ModelRequest, ModelResponse)):
                 raise TypeError(
                     f"replace() expects Pydantic AI ModelMessage objects; item {index} is "
                     f"{type(message).__name__}"
