@@ -28,21 +28,26 @@ class TestRedisMemoryGeneric(MemoryContract):
 
 
 class Commands:
-    """The commands a store's client sends (each one a round trip), counted client-side."""
+    """The commands sent by this process's redis-py connections (each one a round trip),
+    counted client-side where every command is packed: the store's script calls and
+    redis-py's ``execute_command`` both pack through the connection."""
 
-    def __init__(self, kv: RedisKV) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from redis.asyncio.connection import AbstractConnection
+
         self.sent: list[str] = []
-        client = kv._client
-        original = client.execute_command
+        original = AbstractConnection.pack_command
 
-        async def counting(*args: Any, **options: Any) -> Any:
+        def counting(conn: Any, *args: Any) -> Any:
             self.sent.append(str(args[0]))
-            return await original(*args, **options)
+            return original(conn, *args)
 
-        client.execute_command = counting
+        monkeypatch.setattr(AbstractConnection, "pack_command", counting)
 
 
-async def test_memory_write_is_one_script(standalone_url: str) -> None:
+async def test_memory_write_is_one_script(
+    standalone_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A create in a new directory and each replace with a receipt: one EVALSHA each; the
     listing, the receipt index and replays all hold."""
     async with connect(standalone_url) as conn:
@@ -51,7 +56,7 @@ async def test_memory_write_is_one_script(standalone_url: str) -> None:
         assert isinstance(kv, RedisKV) and isinstance(memory.port, RedisMemoryPort)
         assert memory.port.atomic
         await memory.write("warm/w.md", "w", expected_version=None)  # script cached
-        commands = Commands(kv)
+        commands = Commands(monkeypatch)
         created = await memory.write(
             "u/deep/a.md", "v0", expected_version=None, operation=MemoryOperation("op0", "f0")
         )

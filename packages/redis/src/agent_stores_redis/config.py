@@ -71,7 +71,9 @@ URL_OPTIONS = URLOptions(
         "int",
         # kv.DEFAULT_MAX_CONNECTIONS (kv.py imports the driver; a test keeps the two equal)
         "100 (cluster: redis-py's, per node)",
-        "connection pool size; a call waits for a free connection rather than failing",
+        "connection pool size; a call waits for a free connection rather than failing "
+        "(standalone: scripts, nearly every call, use connections of their own, bounded by "
+        "it too)",
     ),
     URLOption(
         "retries", "int", DEFAULT_RETRIES, "re-tries of a failed command, within the deadline"

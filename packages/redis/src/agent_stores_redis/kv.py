@@ -64,6 +64,7 @@ from .config import (
     RedisSettings,
     parse_url,
 )
+from .direct import DirectScripts
 from .keys import KeyLayout
 
 if TYPE_CHECKING:
@@ -253,6 +254,13 @@ class RedisKV(KVStore):
         self._description = description or self._describe_client(client)
         self._cluster_ready = not self.cluster
         self._init_lock: asyncio.Lock | None = None
+        # Scripts skip execute_command on a standalone client built here (see .direct); a
+        # client handed in by the application keeps its own pool and settings.
+        self._direct: DirectScripts | None = None
+        if owns_client and not self.cluster:
+            standalone: Any = client  # a redis.asyncio.Redis
+            pool = standalone.connection_pool
+            self._direct = DirectScripts(pool, pool.max_connections)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -424,19 +432,30 @@ class RedisKV(KVStore):
         await self._ready()
         if raw:
             options[_NEVER_DECODE] = True
-        result, _ = await self._attempts(lambda: self._client.execute_command(*args, **options))
+        try:
+            result, _ = await self._attempts(lambda: self._client.execute_command(*args, **options))
+        finally:
+            if self.closed and self._owns_client:
+                # A call that took its connection after aclose() put it back into a pool
+                # nobody closes any more.
+                await self._client.aclose()
         return result
 
     async def _eval_once(self, script: lua.Script, argv: list[Any], numkeys: int) -> Any:
         from redis.exceptions import NoScriptError
 
+        direct = self._direct
         try:
+            if direct is not None:
+                return await direct.call("EVALSHA", script.sha, numkeys, *argv)
             return await self._client.execute_command(
                 "EVALSHA", script.sha, numkeys, *argv, **{_NEVER_DECODE: True}
             )
         except NoScriptError:
             # The server lost its script cache (restart, failover, SCRIPT FLUSH): EVAL runs
             # the script and caches it again, so the next call by SHA works.
+            if direct is not None:
+                return await direct.call("EVAL", script.source, numkeys, *argv)
             return await self._client.execute_command(
                 "EVAL", script.source, numkeys, *argv, **{_NEVER_DECODE: True}
             )
@@ -502,6 +521,8 @@ class RedisKV(KVStore):
         return cls._gc_ms(expires_at, now)
 
     async def _aclose(self) -> None:
+        if self._direct is not None:
+            await self._direct.aclose()
         if self._owns_client:
             await self._client.aclose()
 

@@ -1,0 +1,79 @@
+"""Script calls on connections of their own, for a client the store built (standalone Redis).
+
+Nearly every store call is one ``EVALSHA``. Sent through ``Redis.execute_command``, each
+pays for redis-py's general machinery around the two socket operations: a pool checkout
+that probes the socket for stale data, the retry wrapper (this store retries itself),
+argument-deprecation checks and redis-py's own metrics hooks. On a 2-core machine serving
+64 concurrent turns that was about a third of a command's client CPU. Here a command is
+packed by the same connection class, written and its reply read by redis-py's own
+``send_packed_command`` / ``read_response`` (which parse the reply, raise server errors
+such as ``NOSCRIPT`` as redis-py exceptions and disconnect on any I/O failure or
+cancellation), on connections made by the client's pool with its settings and connection
+class — so TLS, authentication, RESP3 and the fault injector of :mod:`.faults` behave
+exactly as on the pooled path.
+
+Connections are kept in a last-in-first-out free list; at most ``limit`` are in use at
+once (a call waits for one, bounded by the call's deadline). A connection that failed was
+already disconnected by redis-py and reconnects on its next command; one the server closed
+while it was idle is found out before a command is written to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+
+class DirectScripts:
+    """``EVALSHA`` / ``EVAL`` sent on connections made by ``pool`` (see the module doc)."""
+
+    def __init__(self, pool: Any, limit: int) -> None:
+        self._pool = pool
+        self._limit = limit
+        self._idle: deque[Any] = deque()
+        self._slots: asyncio.Semaphore | None = None
+        self._closed = False
+
+    async def call(self, *args: Any) -> Any:
+        """Send one command (``args`` as for ``execute_command``); its raw reply."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._limit)
+        async with self._slots:
+            conn = await self._checked_out()
+            try:
+                await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+                return await conn.read_response(disable_decoding=True)
+            finally:
+                await self._put_back(conn)
+
+    async def _checked_out(self) -> Any:
+        """An idle connection, disconnected first if the server closed it meanwhile (a
+        restart) or it holds unread bytes — as redis-py's pool checks before handing one
+        out — so no command is written to a dead socket; else a new one."""
+        if not self._idle:
+            return self._pool.make_connection()
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        conn = self._idle.pop()
+        if conn.is_connected:
+            try:
+                stale = await conn.can_read()  # reads nothing: the stream's buffer and EOF
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                stale = True
+            if stale:
+                await conn.disconnect()
+        return conn
+
+    async def _put_back(self, conn: Any) -> None:
+        if self._closed:
+            await conn.disconnect()
+        else:
+            self._idle.append(conn)
+
+    async def aclose(self) -> None:
+        """Disconnect the idle connections; those in use disconnect when their call ends."""
+        self._closed = True
+        while self._idle:
+            await self._idle.pop().disconnect()
