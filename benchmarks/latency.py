@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_stores import KVStore, StoreURL, open_kv
-from agent_stores.plugins import get_registry
+from agent_stores_contract import proxying
 from agent_stores_contract.request_counts import OPERATIONS, Meter, Operations, prepare_backend
 
 try:  # run as a script (python benchmarks/latency.py) or imported as benchmarks.latency
@@ -94,27 +94,21 @@ class Row:
 
 
 def server_address(url: str) -> tuple[str, int]:
-    """Host and port of the server a backend URL names (the backend's ``server_address``
-    hook, else the URL's own)."""
-    parsed = StoreURL.parse(url)
-    address: tuple[str, int] | None = get_registry().hook.server_address(url=parsed)
-    if address is None and parsed.host and parsed.port:
-        address = (parsed.host, parsed.port)
+    """Host and port of the server a backend URL names (see agent_stores_contract.proxying)."""
+    address = proxying.server_address(StoreURL.parse(url))
     if address is None:
-        raise SystemExit(f"{parsed.scheme}: no server address to put a proxy in front of")
+        raise SystemExit(
+            f"{StoreURL.parse(url).scheme}: no server address to put a proxy in front of"
+        )
     return address
 
 
 def through(url: str, port: int) -> str:
-    """The same URL reaching its server through the proxy (the ``proxied_url`` hook: the
-    backend knows which option holds its address, and what else to switch off)."""
-    hook = get_registry().hook
-    proxied: StoreURL | None = hook.proxied_url(
-        url=StoreURL.parse(url), host="127.0.0.1", port=port
-    )
+    """The same URL reaching its server through the proxy (see agent_stores_contract.proxying)."""
+    proxied = proxying.through_proxy(StoreURL.parse(url), "127.0.0.1", port)
     if proxied is None:
         raise SystemExit(f"{StoreURL.parse(url).scheme}: cannot be reached through a TCP proxy")
-    return proxied.render_with_secrets()
+    return proxied
 
 
 async def timings(url: str, delay: float, samples: int) -> dict[str, tuple[list[float], list[int]]]:

@@ -40,7 +40,6 @@ from types import FrameType
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BACKENDS = ["sqlite", "redis"]
 DEFAULT_REPORT = ROOT / ".nox" / "contract-stress"
-EXCLUDE_ENV = "AGENT_STORES_CONTRACT_EXCLUDE"
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 #: How long an interrupted contract run may take to stop its servers before it is killed.
 STOP_GRACE_SECONDS = 60
@@ -57,6 +56,8 @@ while os.getppid() == parent:
 LABEL_LINE = re.compile(r"contract suite on ([\w.-]+):")
 FAILED_LINE = re.compile(r"^(FAILED|ERROR) (\S+::\S+)")
 PYTEST_TOTAL = re.compile(r"^=+ (.+) in ([\d.]+)s(?: \([\d:]+\))? =+$")
+#: the contract session's own line naming what it left out (``session.log`` in noxfile.py)
+EXCLUDED_LINE = re.compile(r"contract summary: EXCLUDED by [^:]+: \[([^\]]*)\]")
 SUITE_TEST = re.compile(r"(?:^|/)test_(\w+)\.py::\w+::test_(\w+)")
 
 
@@ -80,6 +81,8 @@ class RunResult:
     seconds: float
     log: str
     labels: list[LabelResult] = field(default_factory=list)
+    #: the targets the contract session said it left out (its option or environment)
+    excluded: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -201,8 +204,10 @@ def run_contract(
                 process.wait()
             raise
     seconds = time.monotonic() - started
-    labels = parse_log(log.read_text(errors="replace"))
-    return RunResult(run, backend, returncode, round(seconds, 1), log.name, labels)
+    text = log.read_text(errors="replace")
+    excluded = EXCLUDED_LINE.search(text)
+    names = re.findall(r"'([^']+)'", excluded.group(1)) if excluded else []
+    return RunResult(run, backend, returncode, round(seconds, 1), log.name, parse_log(text), names)
 
 
 @dataclass
@@ -217,8 +222,9 @@ class Summary:
     #: What was tested: ``git describe --always --dirty`` of the checkout, and when.
     commit: str = ""
     started: str = ""
-    #: Targets left out (``AGENT_STORES_CONTRACT_EXCLUDE``, which each run inherits).
-    excluded: str = field(default_factory=lambda: os.environ.get(EXCLUDE_ENV, ""))
+    #: Targets the runs left out (``--exclude`` or its environment variable, which each
+    #: run inherits), as the contract session reported them.
+    excluded: str = ""
     interrupted: str | None = None
     runs_done: int = 0
     failed_runs: int = 0
@@ -233,6 +239,7 @@ class Summary:
         base.failed_tests = sorted(
             {behaviour_of(test) or test for r in failed for _, test in r.failed_tests()}
         )
+        base.excluded = ", ".join(sorted({n for r in results for n in r.excluded}))
         base.seconds_per_backend = {
             backend: [r.seconds for r in results if r.backend == backend]
             for backend in base.backends

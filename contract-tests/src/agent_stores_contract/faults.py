@@ -57,6 +57,7 @@ from pydantic_ai_harness.memory import MemoryConflictError, MemoryOperation
 
 from .base import ContractBase, drop_namespace
 from .proxy import TCPProxy
+from .proxying import server_address, through_proxy
 from .session_workers import pair, texts
 
 #: Opens a KV client of the backend under test; ``faulty=False``: one that bypasses the
@@ -542,16 +543,13 @@ class FaultContract(ContractBase):
     async def silent(self, store_url: str) -> AsyncIterator[tuple[TCPProxy, str] | None]:
         """A proxy in front of the server and the URL through it (None: cannot be proxied)."""
         url = StoreURL.parse(store_url)
-        hook = get_registry().hook
-        address = hook.server_address(url=url)
-        if address is None and url.host and url.port:
-            address = (url.host, url.port)
+        address = server_address(url)
         if address is None:
             yield None
             return
         async with TCPProxy(*address) as proxy:
-            through = hook.proxied_url(url=url, host=proxy.host, port=proxy.port)
-            yield None if through is None else (proxy, through.render_with_secrets())
+            through = through_proxy(url, proxy.host, proxy.port)
+            yield None if through is None else (proxy, through)
 
     async def test_a_silent_server_interrupts_the_owner_before_its_lease_expires(
         self, silent: tuple[TCPProxy, str] | None, store_url: str, ns: str
