@@ -426,7 +426,7 @@ def turn_exit(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
     @functools.wraps(fn)
     async def wrapper(turn: Any, *args: Any) -> T:
-        if not recording() and turn not in _turn_started:
+        if turn not in _turn_started:  # its acquire was not recorded: nor is its release
             return await fn(turn, *args)
         kv = _find_kv(lambda t: t.store.kv, (turn,))
         outcome = "ok" if not args or args[0] is None else "error"

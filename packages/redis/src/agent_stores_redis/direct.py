@@ -37,15 +37,19 @@ class DirectScripts:
 
     async def call(self, *args: Any) -> Any:
         """Send one command (``args`` as for ``execute_command``); its raw reply."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self._limit)
-        async with self._slots:
+        slots = self._slots
+        if slots is None:
+            slots = self._slots = asyncio.Semaphore(self._limit)
+        await slots.acquire()
+        try:
             conn = await self._checked_out()
             try:
                 await conn.send_packed_command(conn.pack_command(*args), check_health=False)
                 return await conn.read_response(disable_decoding=True)
             finally:
                 await self._put_back(conn)
+        finally:
+            slots.release()
 
     async def _checked_out(self) -> Any:
         """An idle connection, disconnected first if the server closed it meanwhile (a
