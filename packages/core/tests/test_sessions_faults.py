@@ -14,6 +14,7 @@ from agent_stores import BackendUnavailableError, ErrorCode
 from agent_stores.backends.memory import MemoryKV
 from agent_stores.kv.faulty import FaultyKV, KVFaultInjector
 from agent_stores.sessions import LeaseLostError, SessionStore, TransientStoreError
+from agent_stores.sessions.cache import CachedChunk, ChunkCache
 from agent_stores.sessions.records import CHUNK_PREFIX, STATE_KEY, decode_state
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
@@ -232,3 +233,33 @@ async def test_a_cold_turn_that_recopies_aged_chunks_reads_its_history() -> None
                     t for t in ("t0", "t1", "t2", "t3") for _ in (0, 1)
                 ]
             await assert_readable(cold, "s", ["t0", "t1", "t2", "t3"])
+
+
+class _ForgetfulCache(ChunkCache):
+    """A chunk cache that evicts every chunk right after handing it out: what other turns
+    filling a full cache do to a turn waiting for its own read."""
+
+    def get(self, scope: str, key: str) -> CachedChunk | None:
+        found = super().get(scope, key)
+        if found is not None:
+            self.discard(scope, key)
+        return found
+
+
+async def test_a_chunk_evicted_while_a_turn_loads_its_history_is_still_used() -> None:
+    """An acquire holds the chunks it found cached: evicted before it assembles the history
+    (a cache full of other sessions' chunks), they are neither lost nor read again (it was
+    a KeyError with 64 concurrent sessions of 1,000 messages)."""
+    async with SessionStore(MemoryKV(), tail_bytes=1024) as store:
+        async with store.turn("s") as session:
+            session.replace([*pair("t0"), *pair("t1"), *pair("t2"), *pair("t3")])
+        assert decode_state((await store.kv.get(store.storage.scope_for("s"), STATE_KEY)).value)[
+            0
+        ].chunks
+        store.storage.cache.__class__ = _ForgetfulCache  # keeps what it holds
+        for turn in range(3):
+            async with store.turn("s") as session:
+                assert texts(session.messages)[:8] == [
+                    t for t in ("t0", "t1", "t2", "t3") for _ in (0, 1)
+                ]
+                session.replace([*session.messages, *pair(f"n{turn}")])

@@ -39,7 +39,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -424,15 +424,24 @@ class KVSessionStorage:
 
     async def _fetch_chunks(
         self, session_id: str, scope: str, refs: Sequence[ChunkRef]
-    ) -> dict[str, bytes]:
-        """Raw bytes of chunks that are not cached, in one ``get_many``.
+    ) -> dict[str, bytes | CachedChunk]:
+        """Every chunk of ``refs``: the cached ones as held now, the others' raw bytes read
+        in one ``get_many``.
 
+        The cached ones are held so that :meth:`_assemble` never looks them up again: other
+        turns fill the cache while this one waits for its read, and may evict them.
         A chunk the state references but the read did not find is read again a few times
         over about half a second before it counts as missing: a lagging replica (an
         eventually consistent read) can serve a new state before its new chunks.
         """
-        missing = [r for r in refs if self.cache.get(scope, r.key) is None]
-        out: dict[str, bytes] = {}
+        out: dict[str, bytes | CachedChunk] = {}
+        missing: list[ChunkRef] = []
+        for ref in refs:
+            cached = self.cache.get(scope, ref.key)
+            if cached is None:
+                missing.append(ref)
+            else:
+                out[ref.key] = cached
         for pause in _MISSING_CHUNK_PAUSES:
             if not missing:
                 return out
@@ -458,14 +467,18 @@ class KVSessionStorage:
         scope: str,
         header: StateHeader,
         tail: bytes,
-        fetched: dict[str, bytes],
+        fetched: Mapping[str, bytes | CachedChunk],
     ) -> list[ModelMessage]:
+        """The history: each chunk from ``fetched`` (held from the cache, or its raw bytes,
+        decoded and cached now; every chunk of ``header`` must be there), then the tail."""
         messages: list[ModelMessage] = []
         try:
             for ref in header.chunks:
-                cached = self.cache.get(scope, ref.key)
-                if cached is None:
-                    raw = fetched[ref.key]
+                got = fetched[ref.key]
+                if isinstance(got, CachedChunk):
+                    cached = got
+                else:
+                    raw = got
                     if len(raw) != ref.size:
                         raise RecordError(
                             f"chunk {ref.key} holds {len(raw)} bytes, the state says {ref.size}"
@@ -483,7 +496,8 @@ class KVSessionStorage:
         if cached is not None:
             return cached.raw
         try:
-            return (await self._fetch_chunks(session_id, scope, [ref]))[ref.key]
+            got = (await self._fetch_chunks(session_id, scope, [ref]))[ref.key]
+            return got.raw if isinstance(got, CachedChunk) else got
         except _MissingChunk as exc:
             raise self._invalid(session_id, f"history chunk {exc} is missing") from None
 
@@ -994,11 +1008,13 @@ class KVSessionStorage:
         if not load_history:
             return Acquired(handle)
         try:
-            fetched: dict[str, bytes] = {}
+            fetched: dict[str, bytes | CachedChunk] = {}
             missing: list[ChunkRef] = []
             parts = reply.parts
             for ref in header.chunks:
-                if self.cache.get(scope, ref.key) is not None:
+                cached = self.cache.get(scope, ref.key)
+                if cached is not None:
+                    fetched[ref.key] = cached  # held: see _fetch_chunks
                     continue
                 pieces = [parts.get(k) for k in ref.part_keys()]
                 if all(p is not None for p in pieces):
@@ -1090,7 +1106,7 @@ class KVSessionStorage:
                 )
             ),
         )
-        fetched: dict[str, bytes] | BaseException = {}
+        fetched: dict[str, bytes | CachedChunk] | BaseException = {}
         cas_result: str | BaseException
         if load_history:
             # The chunk reads ride along with the CAS: one round trip for both.
