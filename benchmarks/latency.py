@@ -95,19 +95,19 @@ class Row:
 
 def server_address(url: str) -> tuple[str, int]:
     """Host and port of the server a backend URL names (see agent_stores_contract.proxying)."""
-    address = proxying.server_address(StoreURL.parse(url))
+    parsed = StoreURL.parse(url)
+    address = proxying.server_address(parsed)
     if address is None:
-        raise SystemExit(
-            f"{StoreURL.parse(url).scheme}: no server address to put a proxy in front of"
-        )
+        raise SystemExit(f"{parsed.scheme}: no server address to put a proxy in front of")
     return address
 
 
 def through(url: str, port: int) -> str:
     """The same URL reaching its server through the proxy (see agent_stores_contract.proxying)."""
-    proxied = proxying.through_proxy(StoreURL.parse(url), "127.0.0.1", port)
+    parsed = StoreURL.parse(url)
+    proxied = proxying.through_proxy(parsed, "127.0.0.1", port)
     if proxied is None:
-        raise SystemExit(f"{StoreURL.parse(url).scheme}: cannot be reached through a TCP proxy")
+        raise SystemExit(f"{parsed.scheme}: cannot be reached through a TCP proxy")
     return proxied
 
 

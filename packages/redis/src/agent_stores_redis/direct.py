@@ -30,16 +30,14 @@ class DirectScripts:
 
     def __init__(self, pool: Any, limit: int) -> None:
         self._pool = pool
-        self._limit = limit
         self._idle: deque[Any] = deque()
-        self._slots: asyncio.Semaphore | None = None
+        # Bound to the running loop on its first wait, not here.
+        self._slots = asyncio.Semaphore(limit)
         self._closed = False
 
     async def call(self, *args: Any) -> Any:
         """Send one command (``args`` as for ``execute_command``); its raw reply."""
         slots = self._slots
-        if slots is None:
-            slots = self._slots = asyncio.Semaphore(self._limit)
         await slots.acquire()
         try:
             conn = await self._checked_out()

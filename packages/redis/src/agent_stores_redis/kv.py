@@ -444,21 +444,20 @@ class RedisKV(KVStore):
     async def _eval_once(self, script: lua.Script, argv: list[Any], numkeys: int) -> Any:
         from redis.exceptions import NoScriptError
 
-        direct = self._direct
+        send = self._send_script
         try:
-            if direct is not None:
-                return await direct.call("EVALSHA", script.sha, numkeys, *argv)
-            return await self._client.execute_command(
-                "EVALSHA", script.sha, numkeys, *argv, **{_NEVER_DECODE: True}
-            )
+            return await send("EVALSHA", script.sha, numkeys, *argv)
         except NoScriptError:
             # The server lost its script cache (restart, failover, SCRIPT FLUSH): EVAL runs
             # the script and caches it again, so the next call by SHA works.
-            if direct is not None:
-                return await direct.call("EVAL", script.source, numkeys, *argv)
-            return await self._client.execute_command(
-                "EVAL", script.source, numkeys, *argv, **{_NEVER_DECODE: True}
-            )
+            return await send("EVAL", script.source, numkeys, *argv)
+
+    async def _send_script(self, *args: Any) -> Any:
+        """One script command, its raw reply: on the store's own connections when it has
+        them (see .direct), else through the client's ``execute_command``."""
+        if self._direct is not None:
+            return await self._direct.call(*args)
+        return await self._client.execute_command(*args, **{_NEVER_DECODE: True})
 
     async def _eval(
         self,

@@ -434,14 +434,7 @@ class KVSessionStorage:
         over about half a second before it counts as missing: a lagging replica (an
         eventually consistent read) can serve a new state before its new chunks.
         """
-        out: dict[str, bytes | CachedChunk] = {}
-        missing: list[ChunkRef] = []
-        for ref in refs:
-            cached = self.cache.get(scope, ref.key)
-            if cached is None:
-                missing.append(ref)
-            else:
-                out[ref.key] = cached
+        out, missing = self._held_chunks(scope, refs)
         for pause in _MISSING_CHUNK_PAUSES:
             if not missing:
                 return out
@@ -460,6 +453,21 @@ class KVSessionStorage:
             if missing and pause is not None:
                 await asyncio.sleep(pause)
         return out
+
+    def _held_chunks(
+        self, scope: str, refs: Sequence[ChunkRef]
+    ) -> tuple[dict[str, bytes | CachedChunk], list[ChunkRef]]:
+        """The chunks of ``refs`` cached now, held (a later eviction cannot take them from
+        the caller), and the ones that are not."""
+        held: dict[str, bytes | CachedChunk] = {}
+        missing: list[ChunkRef] = []
+        for ref in refs:
+            cached = self.cache.get(scope, ref.key)
+            if cached is None:
+                missing.append(ref)
+            else:
+                held[ref.key] = cached
+        return held, missing
 
     def _assemble(
         self,
@@ -1008,14 +1016,10 @@ class KVSessionStorage:
         if not load_history:
             return Acquired(handle)
         try:
-            fetched: dict[str, bytes | CachedChunk] = {}
+            fetched, not_cached = self._held_chunks(scope, header.chunks)
             missing: list[ChunkRef] = []
             parts = reply.parts
-            for ref in header.chunks:
-                cached = self.cache.get(scope, ref.key)
-                if cached is not None:
-                    fetched[ref.key] = cached  # held: see _fetch_chunks
-                    continue
+            for ref in not_cached:
                 pieces = [parts.get(k) for k in ref.part_keys()]
                 if all(p is not None for p in pieces):
                     fetched[ref.key] = b"".join(p for p in pieces if p is not None)
