@@ -17,3 +17,18 @@ async def test_awaiting_replace_names_the_method_and_the_fix() -> None:
             assert session.changed  # the call itself did its work
         async with sessions.turn("s") as session:
             assert len(session.messages) == 1
+
+
+async def test_replace_refuses_what_is_not_a_message_and_accepts_subclasses() -> None:
+    class TaggedRequest(ModelRequest):
+        pass
+
+    hello = ModelRequest(parts=[UserPromptPart("hi")])
+    async with open_sessions("memory://replace-types") as sessions:
+        async with sessions.turn("s") as session:
+            with pytest.raises(TypeError, match=r"item 1 is dict"):
+                session.replace([hello, {"role": "user"}])  # type: ignore[list-item]
+            assert not session.changed  # nothing recorded from the refused call
+            session.replace([hello, TaggedRequest(parts=[UserPromptPart("tagged")])])
+        async with sessions.turn("s") as session:
+            assert len(session.messages) == 2

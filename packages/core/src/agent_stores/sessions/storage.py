@@ -200,7 +200,8 @@ class KVSessionStorage:
     Sizes derive from ``kv.limits.max_value_bytes`` unless given: the inline tail spills
     into a chunk past ``tail_bytes``; chunks are merged ``fanout`` at a time (so their
     count stays logarithmic in the history length) up to ``chunk_bytes``, beyond which
-    they are sealed; chunk parts are at most ``max_value_bytes``.
+    they are sealed; chunk parts are at most ``max_value_bytes``. Decoded chunks are
+    cached up to ``cache_bytes`` of their JSON (:class:`~agent_stores.sessions.cache.ChunkCache`).
     """
 
     def __init__(
@@ -214,7 +215,7 @@ class KVSessionStorage:
         tail_bytes: int | None = None,
         chunk_bytes: int | None = None,
         fanout: int = 8,
-        cache_bytes: int = 32 << 20,
+        cache_bytes: int = 64 << 20,
         handover_courtesy_seconds: float = 0.1,
         waiter_hint_seconds: float = 0.5,
         port: SessionPort | None = None,

@@ -118,12 +118,15 @@ class Session:
 
         self._turn.check_usable()
         items = list(messages)
-        for index, message in enumerate(items):
-            if not isinstance(message, (ModelRequest, ModelResponse)):
-                raise TypeError(
-                    f"replace() expects Pydantic AI ModelMessage objects; item {index} is "
-                    f"{type(message).__name__}"
-                )
+        # The set of exact types first: a C-speed pass over a long history; the
+        # per-item check runs only when something else (a subclass, or an error) is there.
+        if not set(map(type, items)) <= {ModelRequest, ModelResponse}:
+            for index, message in enumerate(items):
+                if not isinstance(message, (ModelRequest, ModelResponse)):
+                    raise TypeError(
+                        f"replace() expects Pydantic AI ModelMessage objects; item {index} is "
+                        f"{type(message).__name__}"
+                    )
         self._replacement = items
         return NotAwaitable("Session.replace()", "it only records the history saved on exit")
 
@@ -437,7 +440,10 @@ class SessionStore(KVBackedStore):
         How long :meth:`aclose` waits for active turns before interrupting them.
     ``scope_prefix``
         Prefix of the KV scopes of sessions (isolates sessions from other stores' data).
-    ``cache_bytes``, ``tail_bytes``, ``chunk_bytes``, ``fanout``
+    ``cache_bytes``
+        Bound of this store's cache of decoded history chunks, in bytes of their JSON
+        (default 64 MiB): size it to the histories served at once (docs/sessions.md).
+    ``tail_bytes``, ``chunk_bytes``, ``fanout``
         History layout tuning; see :class:`~agent_stores.sessions.storage.KVSessionStorage`.
     ``port``
         The backend's native :class:`~agent_stores.sessions.port.SessionPort` (acquire +
@@ -460,7 +466,7 @@ class SessionStore(KVBackedStore):
         handover_courtesy_seconds: float | None = None,
         close_timeout_seconds: float = 30.0,
         scope_prefix: str = "session:",
-        cache_bytes: int = 32 << 20,
+        cache_bytes: int = 64 << 20,
         tail_bytes: int | None = None,
         chunk_bytes: int | None = None,
         fanout: int = 8,
