@@ -132,6 +132,10 @@ class SQLiteKV(KVStore):
         self._busy_timeout_ms = busy_timeout_ms
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        # Whether the connection's busy timeout is the configured one (the worker thread
+        # waits for locks) or 0 (inline calls never wait): switched only when the other
+        # kind of call comes, not twice per inline call.
+        self._conn_waits = False
         # Held by whoever uses the connection: the worker thread, or the event loop's
         # thread running a statement inline (see _run).
         self._conn_lock = threading.Lock()
@@ -205,6 +209,7 @@ class SQLiteKV(KVStore):
                 conn.close()
                 raise
             self._conn = conn
+            self._conn_waits = True
         return self._conn
 
     def _not_set_up(self, what: str) -> ConfigError:
@@ -282,7 +287,11 @@ class SQLiteKV(KVStore):
         def call() -> T:
             with self._conn_lock:
                 try:
-                    return fn(self._connect(create=setting_up or self._auto_setup))
+                    conn = self._connect(create=setting_up or self._auto_setup)
+                    if not self._conn_waits:
+                        conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
+                        self._conn_waits = True
+                    return fn(conn)
                 except sqlite3.OperationalError as exc:
                     raise BackendUnavailableError(detail=f"{self.describe()}: {exc}") from exc
                 except sqlite3.DatabaseError as exc:
@@ -294,7 +303,9 @@ class SQLiteKV(KVStore):
         return await asyncio.wrap_future(self._executor.submit(call))
 
     def _inline(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn.execute("PRAGMA busy_timeout = 0")
+        if self._conn_waits:
+            conn.execute("PRAGMA busy_timeout = 0")
+            self._conn_waits = False
         try:
             return fn(conn)
         except sqlite3.OperationalError as exc:
@@ -305,8 +316,6 @@ class SQLiteKV(KVStore):
             raise BackendUnavailableError(
                 detail=f"{self.describe()}: database error: {exc}"
             ) from exc
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
 
     async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction on the worker thread (one
