@@ -19,8 +19,9 @@ the harness on PostgreSQL.
 
 Floors, in the same trials: the 64 x 8 Redis row done by redis-py and Pydantic AI alone
 (a turn's two ``EVALSHA`` with agent-stores' argument shapes, the inline tail's decode and
-encode, nothing else), and the step append done by psycopg alone (agent-stores' one
-journal statement on one held connection and cursor). No store built on those clients can
+encode, nothing else), the step append done by psycopg alone (agent-stores' one
+journal statement on one held connection and cursor), and the memory CAS write with
+receipt and read done by psycopg and by ``sqlite3`` alone (:mod:`memory_floors`). No store built on those clients can
 beat its floor, so each floor bounds the ratio any design on them can reach.
 
 Usage: ``python benchmarks/side_by_side.py --redis URL --postgres URL [--quick]
@@ -48,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_floors import MemoryFloor, PostgresMemoryFloor, SQLiteMemoryFloor
 from proxy import DelayProxy
 
 # -- workload -----------------------------------------------------------------------------
@@ -495,6 +497,17 @@ def rate_row(
 #: issue targets against the floor: throughput at least this share of the floor's, and
 #: process CPU per turn at most this multiple of it
 RATE_TARGET, CPU_TARGET = 0.9, 1.25
+#: issue target against the floor: an operation's median time at most this multiple of it
+TIME_TARGET = 1.25
+
+
+def floor_fact(res: Results, what: str, samples: dict[str, list[float]]) -> None:
+    """agent-stores' median time of ``what`` ÷ the floor's, against :data:`TIME_TARGET`."""
+    ratio = med_ms(samples["ours"]) / med_ms(samples["floor"])
+    res.fact(
+        f"{what}: agent-stores' time ÷ the floor's (target ≤ {TIME_TARGET})",
+        f"{ratio:.2f} ({'met' if ratio <= TIME_TARGET else 'missed'})",
+    )
 
 
 async def section_concurrency(res: Results, redis_url: str, sizes: list[int], trials: int) -> None:
@@ -660,11 +673,12 @@ async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: s
         await close(store)
 
 
-MemoryGroup = tuple[str, Any, Any, Callable[[], Awaitable[None]]]
+MemoryGroup = tuple[str, Any, Any, MemoryFloor, Callable[[], Awaitable[None]]]
 
 
 async def memory_groups(pg_url: str | None, run: str, workdir: Path) -> list[MemoryGroup]:
-    """(label, our store, the harness's store, close both) on PostgreSQL and SQLite."""
+    """(label, our store, the harness's store, the floor, close all three) on PostgreSQL
+    and SQLite."""
     from agent_stores import connect
     from pydantic_ai_harness.memory import PostgresMemoryStore, SqliteMemoryStore
 
@@ -677,38 +691,46 @@ async def memory_groups(pg_url: str | None, run: str, workdir: Path) -> list[Mem
         ours = connect(in_schema(pg_url, f"bench_{run}_mem")).memory(owns_kv=True)
         await ours.kv.setup()
         theirs = PostgresMemoryStore(pool, table=f"bench_{run}_hmem")
+        pg_floor = await PostgresMemoryFloor.open(plain(pg_url), f"bench_{run}_fmem")
 
         async def close_pg() -> None:
+            await pg_floor.close()
             await ours.aclose()
             async with pool.acquire() as conn:
                 await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hmem")
                 await conn.execute(f"DROP SCHEMA IF EXISTS bench_{run}_mem CASCADE")
             await pool.close()
 
-        groups.append(("PostgreSQL", ours, theirs, close_pg))
+        groups.append(("PostgreSQL", ours, theirs, pg_floor, close_pg))
     ours_sqlite = connect(f"sqlite:///{workdir}/ours-memory.db").memory(owns_kv=True)
     conn = sqlite3.connect(workdir / "harness-memory.db", timeout=30, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     theirs_sqlite = SqliteMemoryStore(connection=conn)
+    sqlite_floor = SQLiteMemoryFloor(workdir / "floor-memory.db")
 
     async def close_sqlite() -> None:
+        await sqlite_floor.close()
         await ours_sqlite.aclose()
         conn.close()
 
-    groups.append(("SQLite (WAL + NORMAL both)", ours_sqlite, theirs_sqlite, close_sqlite))
+    groups.append(
+        ("SQLite (WAL + NORMAL both)", ours_sqlite, theirs_sqlite, sqlite_floor, close_sqlite)
+    )
     return groups
 
 
 async def memory_trial(
-    stores: dict[str, Any], run: str, trial: int, ops: int
+    stores: dict[str, Any], floor: MemoryFloor, run: str, trial: int, ops: int
 ) -> dict[str, dict[str, list[float]]]:
-    """One trial: creates, CAS writes with receipt and reads, alternating the stores one
-    operation at a time (who goes first flips every operation): a shared disk whose fsync
-    latency drifts within seconds then weighs on both alike."""
+    """One trial: creates, CAS writes with receipt and reads, alternating the stores (and,
+    for writes and reads, the floor) one operation at a time (who goes first rotates every
+    operation): a shared disk whose fsync latency drifts within seconds then weighs on all
+    alike."""
     per: dict[str, dict[str, list[float]]] = {
         k: {"ours": [], "anchor": []} for k in ("create", "write", "read")
     }
+    per["write"]["floor"], per["read"]["floor"] = [], []
     gc.collect()
     # Half as many creates as writes: enough for a stable median (each create also writes
     # its directory markers, so its time spreads wider).
@@ -730,8 +752,12 @@ async def memory_trial(
         )
         versions[name] = m.version
     for i in range(1, ops + 1):
-        for name in rotated(("ours", "anchor"), i):
+        for name in rotated(("ours", "anchor", "floor"), i):
             t0 = time.perf_counter()
+            if name == "floor":
+                await floor.write(memory_content(i))
+                per["write"][name].append(time.perf_counter() - t0)
+                continue
             m = await stores[name].write(
                 paths[name],
                 memory_content(i),
@@ -741,8 +767,12 @@ async def memory_trial(
             per["write"][name].append(time.perf_counter() - t0)
             versions[name] = m.version
     for i in range(ops):
-        for name in rotated(("ours", "anchor"), i):
+        for name in rotated(("ours", "anchor", "floor"), i):
             t0 = time.perf_counter()
+            if name == "floor":
+                await floor.read()
+                per["read"][name].append(time.perf_counter() - t0)
+                continue
             got = await stores[name].read(paths[name], max_chars=100_000)
             per["read"][name].append(time.perf_counter() - t0)
             assert got is not None and got.content == memory_content(ops)
@@ -753,7 +783,7 @@ async def section_memory(
     res: Results, pg_url: str | None, trials: int, ops: int, workdir: Path
 ) -> None:
     run = uuid.uuid4().hex[:8]
-    for label, ours_store, theirs_store, closer in await memory_groups(pg_url, run, workdir):
+    for label, ours_store, theirs_store, floor, closer in await memory_groups(pg_url, run, workdir):
         print(
             f"\nmemory on {label}: create, CAS write with receipt, read of a 1,024-char file, vs the harness store"
         )
@@ -772,14 +802,17 @@ async def section_memory(
                     expected_version=m.version,
                     operation=operation(),
                 )
+            await floor.write(memory_content(0))  # warm-up: the prepared statements
+            await floor.read()
             kinds: dict[str, dict[str, list[float]]] = {
                 k: {"ours": [], "anchor": []} for k in ("create", "write", "read")
             }
+            kinds["write"]["floor"], kinds["read"]["floor"] = [], []
             trial_medians: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
             for trial in range(trials):
-                per = await memory_trial(stores, run, trial, ops)
+                per = await memory_trial(stores, floor, run, trial, ops)
                 for kind in kinds:
-                    for name in ("ours", "anchor"):
+                    for name in per[kind]:
                         kinds[kind][name] += per[kind][name]
                     trial_medians[kind].append(
                         {n: statistics.median(v) for n, v in per[kind].items()}
@@ -790,6 +823,20 @@ async def section_memory(
                 ("read", "read"),
             ):
                 res.add(time_row(f"memory {title}, {label}", kinds[kind], trial_medians[kind]))
+            for kind, title, alone in (
+                ("write", "CAS write with receipt", "one transaction"),
+                ("read", "read", "one SELECT"),
+            ):
+                driver = "psycopg" if label == "PostgreSQL" else "sqlite3"
+                res.floor(
+                    time_row(
+                        f"memory {title}, {label}: {driver} alone, {alone}",
+                        kinds[kind],
+                        trial_medians[kind],
+                        ours="floor",
+                    )
+                )
+                floor_fact(res, f"memory {title}, {label}", kinds[kind])
         finally:
             await closer()
 
@@ -918,6 +965,7 @@ async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> Non
                     ours="floor",
                 )
             )
+            floor_fact(res, f"step append_event at {length} events, PostgreSQL", samples)
     finally:
         await close_floor()
         await cp.aclose()
@@ -1000,7 +1048,11 @@ def markdown(
             "two `EVALSHA` per turn with agent-stores' argument shapes plus Pydantic AI's decode",
             "of the inline tail handed to the caller and encode of the tail saved back; for the",
             "step append, agent-stores' one journal statement sent by psycopg on one held",
-            "connection and cursor (no pool), payload pre-encoded. No store built on these",
+            "connection and cursor (no pool), payload pre-encoded; for the memory CAS write",
+            "with receipt and the read, the memory port's own statement (PostgreSQL) or",
+            "transaction (SQLite) and the KV's `SELECT`, by psycopg on one held connection or",
+            "by the stdlib `sqlite3` inline, records pre-encoded and not decoded",
+            "(`benchmarks/memory_floors.py`). No store built on these",
             "clients can beat its floor, so a target beyond it is out of reach with them.",
             "",
             "| what | floor ÷ anchor (range) | floor | anchor |",

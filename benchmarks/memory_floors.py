@@ -1,0 +1,214 @@
+"""Floors of the memory rows: a CAS write with its operation receipt, and a read, done by
+the database client alone with agent-stores' own statements and record shapes, and no
+store code (no path checks, no record encoding or decoding, no pool, no deadline).
+
+* PostgreSQL: psycopg on one held connection and cursor, the memory port's one prepared
+  statement for a replace with a receipt (record CAS + receipt index entry, one commit);
+  the read is the KV's one prepared ``SELECT``.
+* SQLite: the stdlib ``sqlite3`` on one connection in WAL with ``synchronous=NORMAL``, the
+  SQLite port's transaction (``BEGIN IMMEDIATE``, the receipt's absence checked, the record
+  CAS, the receipt inserted, ``COMMIT``) run inline, as the store runs it when its
+  connection is free; the read is the KV's ``SELECT``.
+
+Each floor writes into a table of its own shaped like agent-stores' (PostgreSQL: dropped
+after; SQLite: a file in the bench's temporary folder).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Protocol
+
+#: a receipt's lifetime as the memory store sets it (about 12 months; its value is irrelevant)
+RECEIPT_SECONDS = 365 * 86_400.0
+
+
+def record(content: str, version: str) -> bytes:
+    """A memory record shaped like agent-stores' (format, size, version, length, operation)."""
+    return json.dumps(
+        {"f": 1, "s": 1, "v": version, "n": len(content), "o": uuid.uuid4().hex, "c": content},
+        separators=(",", ":"),
+    ).encode()
+
+
+def receipt(path: str, version: str) -> bytes:
+    return json.dumps(
+        {"f": 1, "fp": uuid.uuid4().hex, "v": version, "e": 1, "p": path}, separators=(",", ":")
+    ).encode()
+
+
+def fresh_version() -> str:
+    return uuid.uuid4().hex
+
+
+class MemoryFloor(Protocol):
+    """One file written over and over with receipts, and read."""
+
+    async def write(self, content: str) -> None: ...
+    async def read(self) -> bytes: ...
+    async def close(self) -> None: ...
+
+
+class PostgresMemoryFloor:
+    """See the module docstring. Create with :meth:`open`."""
+
+    def __init__(self, conn: Any, cursor: Any, table: Any, write_sql: bytes, read_sql: bytes):
+        self._conn, self._cursor, self._table = conn, cursor, table
+        self._write_sql, self._read_sql = write_sql, read_sql
+        self._version = ""
+        self._read_cursor = conn.cursor()
+
+    @classmethod
+    async def open(cls, url: str, table: str) -> PostgresMemoryFloor:
+        import psycopg
+        from agent_stores_postgres.ports import _memory_write_sql  # the port's own statement
+        from psycopg import sql
+
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        name = sql.Identifier(table)
+        await conn.execute(
+            sql.SQL(
+                'CREATE TABLE {} (scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, '
+                "value bytea NOT NULL, version text NOT NULL, expires_at double precision, "
+                "PRIMARY KEY (scope, key))"
+            ).format(name)
+        )
+        write_sql = (
+            sql.SQL(_memory_write_sql(replace=True, index=True, markers=False))
+            .format(kv=name)
+            .as_bytes(None)
+        )
+        read_sql = (
+            sql.SQL("SELECT value, version, expires_at FROM {} WHERE scope = %s AND key = %s")
+            .format(name)
+            .as_bytes(None)
+        )
+        floor = cls(conn, conn.cursor(), name, write_sql, read_sql)
+        floor._version = fresh_version()
+        await conn.execute(
+            sql.SQL("INSERT INTO {} VALUES ('memory:floor', 'MEMORY.md', %s, %s, NULL)").format(
+                name
+            ),
+            (record("", floor._version), floor._version),
+        )
+        return floor
+
+    async def write(self, content: str) -> None:
+        version, op = fresh_version(), uuid.uuid4().hex
+        now = time.time()
+        params = {
+            "scope": "memory:floor",
+            "key": "MEMORY.md",
+            "value": record(content, version),
+            "version": version,
+            "expires_at": None,
+            "now": now,
+            "expected": self._version,
+            "iscope": f"memory:~ops/{op[:2]}",
+            "ikey": op,
+            "ivalue": receipt("MEMORY.md", version),
+            "iversion": fresh_version(),
+            "iexpires_at": now + RECEIPT_SECONDS,
+        }
+        await self._cursor.execute(self._write_sql, params, prepare=True)
+        row = await self._cursor.fetchone()
+        assert row is not None and row[0], row
+        self._version = version
+
+    async def read(self) -> bytes:
+        await self._read_cursor.execute(self._read_sql, ("memory:floor", "MEMORY.md"), prepare=True)
+        row = await self._read_cursor.fetchone()
+        assert row is not None
+        return bytes(row[0])
+
+    async def close(self) -> None:
+        from psycopg import sql
+
+        await self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table))
+        await self._conn.close()
+
+
+#: agent-stores' SQLite table (``agent_stores.backends.sqlite``), in the floor's own file
+_SQLITE_TABLE = (
+    "CREATE TABLE kv (scope TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, "
+    "version TEXT NOT NULL, expires_at REAL, PRIMARY KEY (scope, key)) WITHOUT ROWID"
+)
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+
+
+class SQLiteMemoryFloor:
+    """See the module docstring."""
+
+    def __init__(self, path: Path) -> None:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(_SQLITE_TABLE)
+        self._version = fresh_version()
+        conn.execute(
+            "INSERT INTO kv VALUES ('memory:floor', 'MEMORY.md', ?, ?, NULL)",
+            (record("", self._version), self._version),
+        )
+        self._conn = conn
+
+    async def write(self, content: str) -> None:
+        c = self._conn
+        version, op = fresh_version(), uuid.uuid4().hex
+        now = time.time()
+        iscope = f"memory:~ops/{op[:2]}"
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            taken = c.execute(
+                f"SELECT version FROM kv WHERE scope = ? AND key = ? AND {_LIVE}",
+                (iscope, op, now),
+            ).fetchone()
+            assert taken is None
+            done = c.execute(
+                f"UPDATE kv SET value = ?, version = ?, expires_at = ? "
+                f"WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
+                (
+                    record(content, version),
+                    version,
+                    None,
+                    "memory:floor",
+                    "MEMORY.md",
+                    self._version,
+                    now,
+                ),
+            ).rowcount
+            assert done == 1
+            c.execute(
+                "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
+                "version = excluded.version, expires_at = excluded.expires_at "
+                "WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?",
+                (
+                    iscope,
+                    op,
+                    receipt("MEMORY.md", version),
+                    fresh_version(),
+                    now + RECEIPT_SECONDS,
+                    now,
+                ),
+            )
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        self._version = version
+
+    async def read(self) -> bytes:
+        row = self._conn.execute(
+            "SELECT value, version, expires_at FROM kv WHERE scope = ? AND key = ?",
+            ("memory:floor", "MEMORY.md"),
+        ).fetchone()
+        assert row is not None
+        return bytes(row[0])
+
+    async def close(self) -> None:
+        # The file is in the bench's temporary folder, removed with it.
+        self._conn.close()
