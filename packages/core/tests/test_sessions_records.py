@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import pytest
@@ -170,3 +171,79 @@ def test_effect_calls_succeeded() -> None:
     for outcome in outcomes:
         bad = ToolReturnPart("pay", "x", tool_call_id="c2", outcome=outcome)
         assert not effect_calls_succeeded(calls, [req(ok1, bad)])
+
+
+def _plain_header(**changes: object) -> StateHeader:
+    fields: dict[str, object] = {
+        "lease": Lease("host:1:ab:cd", 7, 1000.5, 990.0),
+        "fence": 7,
+        "chunks": (
+            ChunkRef("h/0011", 4, 100, 1, 0, False, 5000.0),
+            ChunkRef("h/22", 9, 9000, 3, 2, True),
+        ),
+        "tail_count": 2,
+        "created_at": 1.0,
+        "updated_at": 2.0,
+        "extra": {"m": "0123abcd"},
+    }
+    fields.update(changes)
+    return StateHeader(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        _plain_header(),
+        _plain_header(lease=None, released_by="host:1:ab:cd", released_at=3.5),
+        _plain_header(recovery=(EffectCall("pay", "c1"),), recovery_since=995.0),
+        _plain_header(recovery_since=995.0),  # no calls: the time is not stored
+        _plain_header(created_at=1, updated_at=2, chunks=()),  # whole-number times
+        _plain_header(extra={}),
+        _plain_header(extra={"future": [1]}),  # not remembered: decoded in full
+    ],
+)
+def test_a_state_this_process_encoded_decodes_as_the_full_decoder_reads_it(
+    header: StateHeader,
+) -> None:
+    from agent_stores.sessions import records
+
+    tail = b'[{"a":1},{"b":2}]'
+    value = encode_state(header, tail)
+    # An acquire elsewhere rewrites the lease and the times before the kept fields.
+    acquired = encode_state(
+        _plain_header(
+            **{
+                **{f: getattr(header, f) for f in ("chunks", "tail_count", "recovery")},
+                "recovery_since": header.recovery_since,
+                "created_at": header.created_at,
+                "extra": header.extra,
+                "fence": header.fence + 1,
+                "lease": Lease("other:2", header.fence + 1, 2000.0, 1990.0),
+                "updated_at": 1990.0,
+            }
+        ),
+        tail,
+    )
+    remembered_here = "future" not in header.extra
+    for stored in (value, acquired):
+        encode_state(header, tail)  # remembers the kept part again (cleared below)
+        kept = stored.partition(b"\n")[0].partition(b',"chunks":')[2]
+        assert (b',"chunks":' + kept in records._kept_decoded) is remembered_here
+        remembered, _ = decode_state(stored)
+        records._kept_decoded.clear()
+        decoded, _ = decode_state(stored)
+        assert remembered == decoded  # the full decode agrees, field by field, and in type
+        assert [type(v) for v in _fields(remembered)] == [type(v) for v in _fields(decoded)]
+
+
+def _fields(header: StateHeader) -> list[object]:
+    return [getattr(header, f.name) for f in dataclasses.fields(header)]
+
+
+def test_a_remembered_kept_part_behind_a_malformed_lease_still_fails_as_before() -> None:
+    value = encode_state(_plain_header(), EMPTY_ARRAY.replace(b"[]", b"[1]"))
+    broken = value.replace(b'"fence":7,', b'"fence":"7",', 1)
+    with pytest.raises(RecordError, match="malformed"):
+        decode_state(broken)
+    extra_field = value.replace(b'"released":null', b'"released":null,"fence":8', 1)
+    assert decode_state(extra_field)[0].fence == 8  # read as the full decoder reads it

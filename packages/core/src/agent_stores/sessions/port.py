@@ -45,13 +45,11 @@ from typing import Literal, Protocol, runtime_checkable
 
 from ..errors import ConflictError
 from ..kv.base import KVStore
-from .records import FORMAT, STATE_KEY
+from .records import FORMAT, KEPT_FIELDS, STATE_KEY
 
 #: Prefix every state header written by :func:`encode_state` and :func:`acquired_state`
 #: starts with; the fields up to ``,"chunks":`` are the ones an acquire rewrites.
 HEADER_START = b'{"format":"' + FORMAT.encode() + b'","fence":'
-#: The first field an acquire keeps verbatim: everything from here on is copied.
-KEPT_FIELDS = b',"chunks":'
 
 Outcome = Literal["acquired", "busy", "courtesy", "generic"]
 

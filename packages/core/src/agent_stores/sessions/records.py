@@ -155,7 +155,92 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
     }
     if header.extra:
         doc["extra"] = header.extra
-    return _COMPACT.encode(doc).encode() + b"\n" + tail
+    head = _COMPACT.encode(doc).encode()
+    _remember_kept(head, header)
+    return head + b"\n" + tail
+
+
+#: The first field of the part of a header an acquire copies byte for byte (``port.py``):
+#: the fields before it (fence, lease, updated_at, released) are the ones it rewrites.
+KEPT_FIELDS = b',"chunks":'
+_REWRITTEN_FIELDS = frozenset({"format", "fence", "lease", "updated_at", "released"})
+
+
+@dataclass(frozen=True, slots=True)
+class _KeptFields:
+    chunks: tuple[ChunkRef, ...]
+    tail_count: int
+    recovery: tuple[EffectCall, ...]
+    recovery_since: float | None
+    created_at: float
+    extra: dict[str, Any]
+
+
+# The kept part of the headers this process encoded lately, already decoded: the next
+# acquire of such a session reads the same bytes back behind a rewritten lease, so only
+# the few fields before them are parsed (the chunk list is most of a header's decode).
+# Insertion-ordered, the oldest entry goes first past the bound.
+_kept_decoded: dict[bytes, _KeptFields] = {}
+_KEPT_DECODED_ENTRIES = 4096
+
+
+def _remember_kept(head: bytes, header: StateHeader) -> None:
+    # Only what decodes back to equal values (other extras could change type in JSON;
+    # a recovery time without calls is not stored, hence read as None, below).
+    if any(type(v) is not str for v in header.extra.values()):
+        return
+    at = head.find(KEPT_FIELDS)
+    if at < 0:  # pragma: no cover - encode_state always writes the chunks field
+        return
+    if len(_kept_decoded) >= _KEPT_DECODED_ENTRIES:
+        try:
+            del _kept_decoded[next(iter(_kept_decoded))]
+        except (RuntimeError, StopIteration, KeyError):  # another thread evicted meanwhile
+            pass
+    _kept_decoded[head[at:]] = _KeptFields(
+        header.chunks,
+        header.tail_count,
+        header.recovery,
+        None
+        if not header.recovery or header.recovery_since is None
+        else float(header.recovery_since),
+        float(header.created_at),
+        dict(header.extra),
+    )
+
+
+def _decode_known_header(head: bytes) -> StateHeader | None:
+    """``head`` decoded when its kept part is one this process encoded, else None.
+
+    Only an exact layout is taken (the rewritten fields and nothing else before the kept
+    part); anything else, valid or not, goes through the full decode and its errors.
+    """
+    at = head.find(KEPT_FIELDS)
+    if at < 0:
+        return None
+    kept = _kept_decoded.get(head[at:])
+    if kept is None:
+        return None
+    try:
+        doc = json.loads(head[:at].decode() + "}")
+        if type(doc) is not dict or doc.keys() != _REWRITTEN_FIELDS or doc["format"] != FORMAT:
+            return None
+        released = doc["released"]
+        return StateHeader(
+            lease=_lease(doc["lease"]),
+            fence=_int(doc["fence"]),
+            chunks=kept.chunks,
+            tail_count=kept.tail_count,
+            recovery=kept.recovery,
+            recovery_since=kept.recovery_since,
+            created_at=kept.created_at,
+            updated_at=_num(doc["updated_at"]),
+            released_by=None if released is None else _str(released["by"]),
+            released_at=None if released is None else _num(released["at"]),
+            extra=dict(kept.extra),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
@@ -163,7 +248,7 @@ def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
     head, sep, tail = bytes(value).partition(b"\n")
     if not sep:
         raise RecordError("the state record has no header line")
-    header = _decode_header(head)
+    header = _decode_known_header(head) or _decode_header(head)
     _check_tail(header, tail)
     return header, tail
 
@@ -252,12 +337,16 @@ def _str(v: Any) -> str:
 
 
 def _int(v: Any) -> int:
+    if type(v) is int:  # the usual case, without the two isinstance checks
+        return v
     if not isinstance(v, int) or isinstance(v, bool):
         raise TypeError(f"expected an integer, got {type(v).__name__}")
     return v
 
 
 def _num(v: Any) -> float:
+    if type(v) is float and math.isfinite(v):
+        return v
     if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v):
         raise TypeError(f"expected a number, got {v!r}")
     return float(v)
