@@ -6,8 +6,9 @@ looks at a client if redis-py is already imported (a client object cannot exist
 otherwise). :func:`session_port` gives every session store on a Redis KV the native port
 (:class:`agent_stores_redis.sessions.RedisSessionPort`, two round trips per turn) and
 :func:`memory_port` the native memory port (:class:`agent_stores_redis.memory.RedisMemoryPort`,
-a write with its receipt in one script); the checkpointer uses the generic port, which
-runs its conditional writes through the same Lua scripts.
+a write with its receipt in one script); :func:`journal_port` gives the checkpointer and
+the step store the core's commit port (a log's counter and its entry in one commit
+script: one round trip per append).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from typing import TYPE_CHECKING, Any, cast
 from agent_stores.backend import KVStore, RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector, MemoryPort, SessionPort, StoreURL
+    from agent_stores.backend import (
+        FaultInjector,
+        JournalPort,
+        MemoryPort,
+        SessionPort,
+        StoreURL,
+    )
 
     from .kv import RedisKV
 
@@ -83,6 +90,17 @@ def memory_port(kv: KVStore) -> MemoryPort | None:
     from .memory import RedisMemoryPort
 
     return RedisMemoryPort(redis_kv)
+
+
+@hookimpl
+def journal_port(kv: KVStore) -> JournalPort | None:
+    """The core's commit port for a Redis KV: an append's counter and entry in one script."""
+    redis_kv = _redis(kv)
+    if redis_kv is None:
+        return None
+    from agent_stores.backend import CommitJournalPort
+
+    return CommitJournalPort(redis_kv)
 
 
 @hookimpl

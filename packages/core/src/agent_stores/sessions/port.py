@@ -45,7 +45,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from ..errors import ConflictError
 from ..kv.base import KVStore
-from .records import FORMAT, KEPT_FIELDS, STATE_KEY
+from .records import FORMAT, STATE_KEY
+from .records import KEPT_FIELDS as KEPT_FIELDS  # part of the port's layout (public)
 
 #: Prefix every state header written by :func:`encode_state` and :func:`acquired_state`
 #: starts with; the fields up to ``,"chunks":`` are the ones an acquire rewrites.
