@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import secrets
+import os
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -201,9 +202,24 @@ class Check:
 Operation = Create | Replace | Delete | Check
 
 
+# Versions, lease owners and write marks must be unique, not secret (they tell writes
+# apart; whoever could exploit guessing one can write the record itself), so they come from
+# a generator seeded by the OS instead of a system call each (several per turn). A private
+# one: an application's random.seed() must not make two processes draw the same ids;
+# reseeded in a forked child for the same reason.
+_ids = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.seed)
+
+
+def random_hex(nbytes: int) -> str:
+    """``nbytes`` random bytes as hex, for ids that must be unique (not secret)."""
+    return f"{_ids.getrandbits(nbytes * 8):0{nbytes * 2}x}"
+
+
 def new_version() -> str:
     """A fresh opaque version: 128 random bits, so a version is never reused for a key."""
-    return secrets.token_hex(16)
+    return random_hex(16)
 
 
 class KVStore(AsyncCloseable, ABC):

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import secrets
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -49,7 +48,7 @@ from ..errors import (
     CorruptRecordError,
     ResourceClosedError,
 )
-from ..kv.base import Entry, KVStore, within_deadline
+from ..kv.base import Entry, KVStore, random_hex, within_deadline
 from .cache import CachedChunk, ChunkCache
 from .errors import (
     EffectCall,
@@ -376,7 +375,7 @@ class KVSessionStorage:
     def _new_chunk(self, scope: str, planned: _Planned, now: float) -> tuple[ChunkRef, ChunkWrite]:
         """A reference to a new chunk and its write (done by the port with the state's)."""
         assert planned.blob is not None
-        key = f"{CHUNK_PREFIX}{secrets.token_hex(8)}"
+        key = f"{CHUNK_PREFIX}{random_hex(8)}"
         parts = split_parts(planned.blob, self.part_bytes)
         ttl = self.chunk_ttl
         expires_at = None if ttl is None else now + ttl
@@ -776,7 +775,7 @@ class KVSessionStorage:
         if refreshed.written:
             header = replace(header, chunks=tuple(refreshed.chunks))
             writes = [*writes, *refreshed.writes]
-        header = replace(header, extra={**header.extra, WRITE_MARK: secrets.token_hex(8)})
+        header = replace(header, extra={**header.extra, WRITE_MARK: random_hex(8)})
         value = encode_state(header, tail)
         try:
             version = await self._call(
@@ -1370,7 +1369,7 @@ class KVSessionStorage:
         """Take a ticket at the end of the session's queue of waiting clients."""
         scope = self.scope_for(session_id)
         now = self.clock()
-        key = f"{QUEUE_PREFIX}{max(0, int(now * 1_000_000)):016x}-{secrets.token_hex(4)}"
+        key = f"{QUEUE_PREFIX}{max(0, int(now * 1_000_000)):016x}-{random_hex(4)}"
         ttl = self.ticket_seconds
         version = await self._call(
             session_id, self.kv.create(scope, key, self.store_id.encode(), ttl=ttl)

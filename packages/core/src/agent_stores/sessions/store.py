@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .. import telemetry
 from ..errors import ConfigError, ResourceClosedError
-from ..kv.base import KVStore
+from ..kv.base import KVStore, random_hex
 from ..lifecycle import KVBackedStore
 from .errors import (
     EffectCall,
@@ -603,7 +603,7 @@ class SessionStore(KVBackedStore):
         are served in arrival order.
         """
         loop = asyncio.get_running_loop()
-        owner = f"{self.store_id}:{secrets.token_hex(4)}"
+        owner = f"{self.store_id}:{random_hex(4)}"
         ticket = await self._queue_behind_waiters(session_id)
         wait = _Wait(deadline, self.poll_initial_seconds, ticket, at_head=ticket is None)
         try:
