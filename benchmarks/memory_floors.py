@@ -45,6 +45,24 @@ def fresh_version() -> str:
     return uuid.uuid4().hex
 
 
+async def postgres_floor_table(url: str, table: str) -> tuple[Any, Any]:
+    """An autocommit psycopg connection and a fresh table ``table`` shaped like
+    agent-stores' KV table (logged: durable commits, as the stores'), as (conn, name)."""
+    import psycopg
+    from psycopg import sql
+
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    name = sql.Identifier(table)
+    await conn.execute(
+        sql.SQL(
+            'CREATE TABLE {} (scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, '
+            "value bytea NOT NULL, version text NOT NULL, expires_at double precision, "
+            "PRIMARY KEY (scope, key))"
+        ).format(name)
+    )
+    return conn, name
+
+
 class MemoryFloor(Protocol):
     """One file written over and over with receipts, and read."""
 
@@ -64,19 +82,10 @@ class PostgresMemoryFloor:
 
     @classmethod
     async def open(cls, url: str, table: str) -> PostgresMemoryFloor:
-        import psycopg
         from agent_stores_postgres.ports import _memory_write_sql  # the port's own statement
         from psycopg import sql
 
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        name = sql.Identifier(table)
-        await conn.execute(
-            sql.SQL(
-                'CREATE TABLE {} (scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, '
-                "value bytea NOT NULL, version text NOT NULL, expires_at double precision, "
-                "PRIMARY KEY (scope, key))"
-            ).format(name)
-        )
+        conn, name = await postgres_floor_table(url, table)
         write_sql = (
             sql.SQL(_memory_write_sql(replace=True, index=True, markers=False))
             .format(kv=name)

@@ -49,7 +49,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory_floors import MemoryFloor, PostgresMemoryFloor, SQLiteMemoryFloor
+from memory_floors import (
+    MemoryFloor,
+    PostgresMemoryFloor,
+    SQLiteMemoryFloor,
+    postgres_floor_table,
+)
 from proxy import DelayProxy
 
 # -- workload -----------------------------------------------------------------------------
@@ -848,20 +853,11 @@ async def floor_journal(
     held psycopg connection and cursor (no pool, no store code), into a logged table shaped like
     agent-stores' (durable commits, as the stores'), payload pre-encoded. Returns (one
     append, close and drop the table)."""
-    import psycopg
     from agent_stores.kv.base import new_version
     from agent_stores_postgres.ports import _journal_append_sql  # the port's own statement
     from psycopg import sql
 
-    conn = await psycopg.AsyncConnection.connect(plain(pg_url), autocommit=True)
-    name = sql.Identifier(table)
-    await conn.execute(
-        sql.SQL(
-            'CREATE TABLE {} (scope text COLLATE "C" NOT NULL, key text COLLATE "C" NOT NULL, '
-            "value bytea NOT NULL, version text NOT NULL, expires_at double precision, "
-            "PRIMARY KEY (scope, key))"
-        ).format(name)
-    )
+    conn, name = await postgres_floor_table(plain(pg_url), table)
     text = {
         replace: sql.SQL(_journal_append_sql(replace=replace)).format(kv=name).as_bytes(None)
         for replace in (False, True)
