@@ -21,8 +21,9 @@ Floors, in the same trials: the 64 x 8 Redis row done by redis-py and Pydantic A
 (a turn's two ``EVALSHA`` with agent-stores' argument shapes, the inline tail's decode and
 encode, nothing else), the step append done by psycopg alone (agent-stores' one
 journal statement on one held connection and cursor), and the memory CAS write with
-receipt and read done by psycopg and by ``sqlite3`` alone (:mod:`memory_floors`). No store built on those clients can
-beat its floor, so each floor bounds the ratio any design on them can reach.
+receipt and read done by psycopg and by ``sqlite3`` alone (:mod:`memory_floors`). No
+store built on those clients can beat its floor, so each floor bounds the ratio any
+design on them can reach.
 
 Usage: ``python benchmarks/side_by_side.py --redis URL --postgres URL [--quick]
 [--markdown docs/benchmarks.md] [--only memory,steps]`` (``--only``: just those sections,
@@ -997,11 +998,11 @@ WHERE_THE_TIME_GOES = [
     "  its reply (all of the floor's work): about 45 %; the connection pool's checkout, liveness",
     "  check and return: about 17 %; agent-stores encoding the event and checking the",
     "  append: about 15 %; the call's deadline timer: about 5 %.",
-    "- **SQLite memory read.** The `SELECT` itself (the floor's whole work): about 30 %;",
-    "  the call's deadline timer (an `asyncio` timeout armed and cancelled, though an",
-    "  inline SQLite call cannot be interrupted): about 20 %; decoding the record: about",
-    "  15 %; the path checks, the store and the telemetry switch: the rest. The floor is",
-    "  about 20 µs, so microseconds of Python per call are most of the ratio.",
+    "- **SQLite memory read** (about 45 µs; the floor about 20 µs). The `SELECT` itself:",
+    "  about 30 %; decoding the record: about 15 %; the call's deadline timer (an `asyncio`",
+    "  timeout armed and cancelled, though an inline SQLite call cannot be interrupted):",
+    "  about 2 µs timed alone (py-spy, which perturbs calls this short, put it near 20 %);",
+    "  the path checks, the store and the telemetry switch: the rest.",
     "- **PostgreSQL memory read.** psycopg sending the statement and reading its reply:",
     "  about 60 %; the pool's checkout, liveness check and return: about 20 %; a fresh",
     "  cursor per read (so no large reply outlives its caller): about 5 %.",

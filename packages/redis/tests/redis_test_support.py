@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 from agent_stores import StoreURL
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -38,3 +39,21 @@ def with_fresh_prefix(url: str) -> str:
 
 
 PrivateServer = Callable[..., Any]
+
+
+class Commands:
+    """The commands sent by this process's redis-py connections (each one a round trip),
+    counted client-side where every command is packed: the store's script calls and
+    redis-py's ``execute_command`` both pack through the connection."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from redis.asyncio.connection import AbstractConnection
+
+        self.sent: list[str] = []
+        original = AbstractConnection.pack_command
+
+        def counting(conn: Any, *args: Any) -> Any:
+            self.sent.append(str(args[0]))
+            return original(conn, *args)
+
+        monkeypatch.setattr(AbstractConnection, "pack_command", counting)

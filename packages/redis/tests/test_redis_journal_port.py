@@ -1,6 +1,7 @@
 """The checkpointer on Redis appends with the core's commit port: a log's counter and its
-entry in one commit script, one round trip per append once the run's counter is known, on a standalone server and on a
-cluster (one scope is one hash slot). Commands are counted on the client, never timed."""
+entry in one commit script, one round trip per append once the run's counter is known,
+on a standalone server and on a cluster (one scope is one hash slot). Commands are
+counted on the client, never timed."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from agent_stores import open_checkpointer
 from agent_stores.backend import CommitJournalPort
 from agent_stores.checkpointer import JournalEvent
 from pydantic_ai_harness.step_persistence import RunRecord, StepEvent
-from redis_test_support import with_fresh_prefix
-from test_redis_memory_port import Commands
+from redis_test_support import Commands, with_fresh_prefix
 
 
 @pytest.mark.parametrize("target", ["redis", "redis-cluster"])

@@ -6,15 +6,13 @@ Commands are counted on the client (each one a round trip), never timed.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from agent_stores import connect
 from agent_stores.memory._harness import MemoryOperation, MemoryOperationConflictError
 from agent_stores_contract import MemoryContract
 from agent_stores_redis.kv import RedisKV
 from agent_stores_redis.memory import RedisMemoryPort
-from redis_test_support import with_fresh_prefix
+from redis_test_support import Commands, with_fresh_prefix
 
 
 class TestRedisMemoryGeneric(MemoryContract):
@@ -25,24 +23,6 @@ class TestRedisMemoryGeneric(MemoryContract):
     @pytest.fixture
     def store_url(self, redis_urls: dict[str, str]) -> str:
         return with_fresh_prefix(redis_urls["redis"])
-
-
-class Commands:
-    """The commands sent by this process's redis-py connections (each one a round trip),
-    counted client-side where every command is packed: the store's script calls and
-    redis-py's ``execute_command`` both pack through the connection."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from redis.asyncio.connection import AbstractConnection
-
-        self.sent: list[str] = []
-        original = AbstractConnection.pack_command
-
-        def counting(conn: Any, *args: Any) -> Any:
-            self.sent.append(str(args[0]))
-            return original(conn, *args)
-
-        monkeypatch.setattr(AbstractConnection, "pack_command", counting)
 
 
 async def test_memory_write_is_one_script(

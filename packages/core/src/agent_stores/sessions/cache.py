@@ -8,8 +8,9 @@ chunks are merged or copied) and the decoded messages.
 Eviction is random among the entries not used recently, not strictly least-recently-used:
 many sessions served in turn form a cycle, and a cycle a little larger than the cache makes
 LRU evict every chunk just before it is needed again (no hit at all), where random eviction
-keeps most of them. The most recently used eighth of the entries is never evicted, so a
-chunk just written or read survives until its session's next turn.
+keeps most of them. An entry used within the last eighth of accesses is passed over (unless
+eight random picks find nothing older), so a chunk just written or read survives until its
+session's next turn.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage
 
-#: entries used within this share of the last accesses are never chosen for eviction
+#: entries used within this share of the last accesses are passed over by eviction
 _RECENT_SHARE = 8
 #: random picks tried before an eviction takes whatever it drew
 _EVICTION_TRIES = 8
