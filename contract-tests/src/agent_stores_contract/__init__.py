@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .kv import KVContract
     from .memory import MemoryContract
     from .ports import PortContract
+    from .semantic import SemanticContract
     from .sessions import SessionContract
 
 # Every contract is imported on first use: the KV contract works without the optional
@@ -33,6 +34,7 @@ _LAZY = {
     "CheckpointerContract": "agent_stores_contract.checkpointer",
     "FaultContract": "agent_stores_contract.faults",
     "PortContract": "agent_stores_contract.ports",
+    "SemanticContract": "agent_stores_contract.semantic",
 }
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "KVContract",
     "MemoryContract",
     "PortContract",
+    "SemanticContract",
     "SessionContract",
 ]
 

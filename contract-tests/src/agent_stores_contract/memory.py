@@ -714,7 +714,7 @@ class MemoryContract(ContractBase):
             ("u/main/", "tea", {"max_file_chars": 0}),
         ]
         for prefix, query, bounds in cases:
-            kwargs = {
+            kwargs: dict[str, Any] = {
                 "limit": 10,
                 "max_files": 100,
                 "max_chars": 4000,

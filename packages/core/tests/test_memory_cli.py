@@ -77,3 +77,41 @@ def test_scope_prefix_option(tmp_path: Path) -> None:
     assert runner.invoke(cli, ["memory", url, "ls"]).output == ""
     found = runner.invoke(cli, ["memory", "--scope-prefix", "team:", url, "ls"])
     assert found.output.split() == ["t/main/MEMORY.md"]
+
+
+CONCEPTS = "python:agent_stores_contract.embedding:ConceptEmbeddingModel"
+
+
+def test_search_by_meaning_and_reindex(tmp_path: Path) -> None:
+    """``search --mode semantic`` finds a file sharing no word with the query; ``reindex``
+    embeds the files written without an embedder, then nothing on a second run."""
+    url = f"sqlite:///{tmp_path}/m.db"
+
+    async def seed() -> None:
+        async with open_memory(url) as store:
+            await store.write("u/a.md", "The user's daughter is Maya.", expected_version=None)
+            await store.write("u/b.md", "Spicy ramen.", expected_version=None)
+
+    asyncio.run(seed())
+    runner = CliRunner()
+    first = runner.invoke(cli, ["memory", url, "reindex", "--embedder", CONCEPTS])
+    assert first.exit_code == 0, first.output
+    assert "reindexed 2 file(s): 2 embedded, 0 up to date" in first.output
+    again = runner.invoke(cli, ["memory", url, "reindex", "--embedder", CONCEPTS])
+    assert "reindexed 2 file(s): 0 embedded, 2 up to date" in again.output
+    found = runner.invoke(
+        cli, ["memory", url, "search", "u/", "family", "--mode", "semantic", "--embedder", CONCEPTS]
+    )
+    assert found.exit_code == 0, found.output
+    assert found.output.splitlines()[:2] == ["1.0000  u/a.md", "    The user's daughter is Maya."]
+    lexical = runner.invoke(cli, ["memory", url, "search", "u/", "family"])
+    assert lexical.exit_code == 0 and "0 match(es) among 2 file(s)" in lexical.output
+
+
+def test_search_by_meaning_needs_an_embedder(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/m.db"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["memory", url, "search", "u/", "x", "--mode", "hybrid"])
+    assert result.exit_code == 2 and "--mode hybrid needs --embedder" in result.output
+    result = runner.invoke(cli, ["memory", url, "reindex", "--embedder", "python:nowhere:x"])
+    assert result.exit_code == 2 and "No module named 'nowhere'" in result.output

@@ -11,7 +11,10 @@ work for one release and warn.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Final, TypedDict
+from typing import TYPE_CHECKING, Any, Final, TypedDict
+
+if TYPE_CHECKING:
+    from .memory.semantic import SearchConfig
 
 
 class _Unset:
@@ -63,6 +66,8 @@ class MemoryOptions(TypedDict, total=False):
     max_record_bytes: int | None
     page_size: int
     chunk_grace_seconds: float
+    search: SearchConfig
+    """Lexical, semantic or hybrid search, and the embedder (see docs/memory.md)."""
     receipt_ttl: float
     """Deprecated: ``receipt_ttl_seconds``."""
     chunk_grace: float

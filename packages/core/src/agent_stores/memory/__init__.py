@@ -11,15 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .append import append_memory, read_whole
+    from .semantic import SearchConfig
     from .store import KVMemoryStore
 
-__all__ = ["KVMemoryStore", "append_memory", "read_whole"]
+__all__ = ["KVMemoryStore", "SearchConfig", "append_memory", "read_whole"]
 
 # Imported on first use: backends import ``agent_stores.memory.port`` to implement their
 # native port, and that must not import the harness (and with it Pydantic AI, over a
 # second of CPU) into every process that opens a backend.
 _LAZY = {
     "KVMemoryStore": "agent_stores.memory.store",
+    "SearchConfig": "agent_stores.memory.semantic",
     "append_memory": "agent_stores.memory.append",
     "read_whole": "agent_stores.memory.append",
 }

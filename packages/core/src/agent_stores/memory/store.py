@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import sys
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import telemetry
 from ..damage import ProblemLog, quarantine
@@ -31,6 +32,7 @@ from ..errors import (
 from ..kv.base import Entry, KVStore, new_version
 from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
+from ..url import redact
 from . import _harness
 from ._harness import validate_store_path, validate_store_prefix
 from ._records import (
@@ -49,6 +51,16 @@ from ._records import (
     split_utf8,
 )
 from .port import FileWrite, IndexWrite, KVMemoryPort, MemoryPort
+from .semantic import (
+    IndexedFile,
+    ReindexReport,
+    SearchConfig,
+    SearchMode,
+    SemanticIndex,
+    ToEmbed,
+    cut_snippet,
+    reciprocal_rank_fusion,
+)
 
 if TYPE_CHECKING:
     # At run time these are looked up on ``_harness`` when used, which imports the
@@ -163,6 +175,9 @@ class KVMemoryStore(KVBackedStore):
             receipt index and directory markers in one transaction). None: the one a
             plugin's ``memory_port`` hook offers for ``kv``, else the generic
             :class:`~agent_stores.memory.port.KVMemoryPort`.
+        search: how :meth:`search` ranks files (:class:`~agent_stores.memory.SearchConfig`);
+            None: lexically, as the harness's own stores do. With a semantic or hybrid
+            mode, each written version's passages are embedded after its commit.
     """
 
     def __init__(
@@ -179,6 +194,7 @@ class KVMemoryStore(KVBackedStore):
         receipt_ttl: float = UNSET,
         chunk_grace: float = UNSET,
         port: MemoryPort | None = None,
+        search: SearchConfig | None = None,
     ) -> None:
         receipt_ttl = renamed_option(
             "KVMemoryStore", "receipt_ttl", receipt_ttl, "receipt_ttl_seconds", receipt_ttl_seconds
@@ -198,6 +214,8 @@ class KVMemoryStore(KVBackedStore):
             raise ValueError("page_size must be >= 1")
         if chunk_grace < 0:
             raise ValueError("chunk_grace_seconds must be >= 0")
+        if search is not None and not isinstance(search, SearchConfig):
+            raise TypeError(f"search must be a SearchConfig, got {type(search).__name__}")
         self.kv = kv
         self._owns_kv = owns_kv
         self._prefix = scope_prefix
@@ -216,6 +234,13 @@ class KVMemoryStore(KVBackedStore):
         self._known: OrderedDict[str, tuple[str, FileRecord]] = OrderedDict()
         #: Records listings and searches skipped because they cannot be decoded.
         self.problems = ProblemLog("memory")
+        self._search = search or SearchConfig()
+        self._semantic = (
+            SemanticIndex(kv, self._search, self.problems) if self._search.semantic else None
+        )
+        # Indexing after a write runs beside the caller; a search waits for the ones of
+        # its directory so it never embeds a version twice.
+        self._indexing: dict[asyncio.Task[None], str] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
@@ -228,9 +253,27 @@ class KVMemoryStore(KVBackedStore):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Close the KV store if this store owns it (``owns_kv=True``). Idempotent."""
+        """Finish the indexing of written files, then close the KV store if this store
+        owns it (``owns_kv=True``). Idempotent."""
+        await self.wait_indexed()
         if self._owns_kv:
             await self.kv.aclose()
+
+    @property
+    def search_config(self) -> SearchConfig:
+        """How :meth:`search` ranks files."""
+        return self._search
+
+    @property
+    def semantic_index(self) -> SemanticIndex | None:
+        """The vector index (None when search is lexical)."""
+        return self._semantic
+
+    async def wait_indexed(self) -> None:
+        """Wait until every file this store wrote has its vectors stored (or its indexing
+        failed, which is logged and repaired by the next search or :meth:`reindex`)."""
+        while self._indexing:
+            await asyncio.gather(*list(self._indexing), return_exceptions=True)
 
     # -- MemoryStore ----------------------------------------------------------------------
 
@@ -308,10 +351,16 @@ class KVMemoryStore(KVBackedStore):
         encoded = _harness.encode_metadata(metadata)
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
-        return await self._mutate(
-            self._locate(path),
-            _Request(content, encoded, expected_version, operation, delete=False),
+        loc = self._locate(path)
+        mutation = await self._mutate(
+            loc, _Request(content, encoded, expected_version, operation, delete=False)
         )
+        if self._semantic is not None and mutation.version is not None:
+            operation_id = operation.id if operation is not None else None
+            self._in_background(
+                loc.scope, self._index_version(loc, mutation.version, content, operation_id)
+            )
+        return mutation
 
     @telemetry.traced("memory.delete")
     async def delete(
@@ -324,9 +373,13 @@ class KVMemoryStore(KVBackedStore):
         """Delete ``path`` if its version is ``expected_version``; deleting an absent path
         with ``expected_version=None`` succeeds with ``existed=False``."""
         validate_store_path(path)
-        return await self._mutate(
-            self._locate(path), _Request(None, None, expected_version, operation, delete=True)
+        loc = self._locate(path)
+        mutation = await self._mutate(
+            loc, _Request(None, None, expected_version, operation, delete=True)
         )
+        if self._semantic is not None and mutation.existed and not mutation.replayed:
+            self._in_background(loc.scope, self._semantic.drop(loc.scope, loc.name))
+        return mutation
 
     @telemetry.traced("memory.list")
     async def list_paths(self, prefix: str = "", *, limit: int) -> list[str]:
@@ -359,13 +412,23 @@ class KVMemoryStore(KVBackedStore):
         max_files: int,
         max_chars: int,
         max_file_chars: int,
+        mode: SearchMode | None = None,
     ) -> MemorySearchResult:
-        """Lexical search of the files directly below ``prefix`` (never nested scopes).
+        """Search the files directly below ``prefix`` (never nested scopes).
 
-        Reads at most ``max_files + 1`` records in scan pages and their chunks in one
-        batched read per search, so the cost does not grow with one round trip per file.
+        Ranks lexically, by meaning or both, as the store's :class:`SearchConfig` says
+        (``mode`` overrides it for this call; a semantic or hybrid mode needs the store's
+        embedder). Reads at most ``max_files + 1`` records in scan pages, their chunks in
+        one batched read, and, by meaning, their vectors in one batched read, so the
+        cost does not grow with one round trip per file.
         """
         validate_store_prefix(prefix)
+        mode = mode or self._search.mode
+        if mode != "lexical" and self._semantic is None:
+            raise ValueError(
+                f"search mode {mode!r} needs a store opened with an embedder "
+                "(search=SearchConfig(mode=..., embedder=...))"
+            )
         if (
             not query.split()
             or limit <= 0
@@ -378,6 +441,19 @@ class KVMemoryStore(KVBackedStore):
         scope = self._scope(directory)
         base = f"{directory}/" if directory else ""
         selected = await self._search_candidates(scope, base, key_prefix, max_files)
+        if mode != "lexical":
+            return await self._search_by_meaning(
+                scope,
+                base,
+                prefix,
+                query,
+                selected,
+                hybrid=mode == "hybrid",
+                limit=limit,
+                max_files=max_files,
+                max_chars=max_chars,
+                max_file_chars=max_file_chars,
+            )
         files, content_truncated = await self._search_texts(
             scope, base, selected[:max_files], max_file_chars
         )
@@ -441,6 +517,267 @@ class KVMemoryStore(KVBackedStore):
                 cut = cut or current.truncated
             texts.append((base + name, text))
         return texts, cut
+
+    async def _search_by_meaning(
+        self,
+        scope: str,
+        base: str,
+        prefix: str,
+        query: str,
+        selected: list[tuple[str, FileRecord]],
+        *,
+        hybrid: bool,
+        limit: int,
+        max_files: int,
+        max_chars: int,
+        max_file_chars: int,
+    ) -> MemorySearchResult:
+        """Rank ``selected`` (the candidates, one beyond ``max_files``) by the cosine
+        similarity of their best passage to ``query``; hybrid: fused with the lexical
+        ranking. Vectors missing or computed from another version are recomputed first."""
+        index = self._semantic
+        assert index is not None
+        files = selected[:max_files]
+        await self._settle_indexing(scope)
+        query_vector, indexed = await asyncio.gather(
+            index.embed_query(query), self._vectors_of(scope, files)
+        )
+        texts: dict[str, str] = {}
+        missing = [(name, record) for name, record in files if name not in indexed]
+        if missing:
+            texts.update(await self._full_texts(scope, missing))
+            await self._embed_and_store(scope, missing, texts, indexed)
+        similar = index.best_passages(query_vector, list(indexed.values()))
+        threshold = index.config.min_similarity
+        semantic = sorted(
+            ((score, base + f.name, passage) for score, f, passage in similar if score > threshold),
+            key=lambda item: (-item[0], item[1]),
+        )
+        passage_of = {base + f.name: passage for _, f, passage in similar}
+        scores = {path: score for score, path, _ in semantic}
+        truncated = len(selected) > max_files
+        if hybrid:
+            lexical_files, cut = await self._search_texts(scope, base, files, max_file_chars)
+            lexical = await _harness.lexical_search(
+                lexical_files,
+                query,
+                limit=len(lexical_files) or 1,
+                max_files=max_files,
+                max_chars=sys.maxsize,
+                score_prefix=prefix,
+            )
+            truncated = truncated or cut
+            fused = reciprocal_rank_fusion(
+                [[path for _, path, _ in semantic], [m.path for m in lexical.matches]],
+                index.config.rrf_k,
+            )
+            scores = fused
+        ranked = sorted(scores, key=lambda path: (-scores[path], path))
+        top = ranked[:limit]
+        records = dict(files)
+        wanted = [
+            (path.removeprefix(base), records[path.removeprefix(base)])
+            for path in top
+            if path.removeprefix(base) not in texts
+        ]
+        if wanted:
+            texts.update(await self._full_texts(scope, wanted))
+        matches = []
+        remaining = max_chars
+        for path in top:
+            name = path.removeprefix(base)
+            text = texts.get(name)
+            if text is None:
+                continue  # rewritten since the scan: its text is not the version ranked
+            passage = passage_of.get(path)
+            source = text[passage.start : passage.end] if passage is not None else text
+            visible = path.removeprefix(prefix)
+            available = remaining - len(visible)
+            if available <= 0:
+                truncated = True
+                break
+            snippet = cut_snippet(source, min(available, max_file_chars))
+            matches.append(
+                _harness.MemorySearchMatch(path=path, snippet=snippet, score=scores[path])
+            )
+            remaining -= len(visible) + len(snippet)
+        if len(ranked) > len(matches):
+            truncated = True
+        return _harness.MemorySearchResult(matches=matches, scanned=len(files), truncated=truncated)
+
+    async def _vectors_of(
+        self, scope: str, files: Sequence[tuple[str, FileRecord]]
+    ) -> dict[str, IndexedFile]:
+        """The stored vectors of ``files`` computed from exactly their versions, in one
+        batched read."""
+        index = self._semantic
+        assert index is not None
+        keys = {index.key(name): (name, record) for name, record in files}
+        entries = await self.kv.get_many(scope, list(keys)) if keys else {}
+        found: dict[str, IndexedFile] = {}
+        for key, entry in entries.items():
+            name, record = keys[key]
+            vectors = index.decode(scope, name, entry.value)
+            if vectors is not None and index.usable(vectors, record.version):
+                found[name] = IndexedFile(name, vectors, entry.version)
+        return found
+
+    async def _full_texts(
+        self, scope: str, files: Sequence[tuple[str, FileRecord]]
+    ) -> dict[str, str]:
+        """The whole content of ``files`` at the versions given (a file rewritten since is
+        left out)."""
+        longest = max((record.length for _, record in files), default=0)
+        fetched = await self._fetch(scope, files, max(longest, 1), metadata=False)
+        return {name: content for name, (content, _) in fetched.items()}
+
+    async def _embed_and_store(
+        self,
+        scope: str,
+        files: Sequence[tuple[str, FileRecord]],
+        texts: Mapping[str, str],
+        indexed: dict[str, IndexedFile],
+    ) -> None:
+        """Embed the versions of ``files`` whose text is in ``texts``, store their vectors
+        (best effort: this search uses them either way) and add them to ``indexed``."""
+        index = self._semantic
+        assert index is not None
+        plan = [
+            ToEmbed(name, str(record.version), texts[name], record.operation_id)
+            for name, record in files
+            if name in texts and record.version is not None
+        ]
+        if not plan:
+            return
+        current = await self.kv.get_many(scope, [index.key(p.name) for p in plan])
+        computed = await index.embed_files(plan)
+        for file, vectors in zip(plan, computed, strict=True):
+            indexed[file.name] = IndexedFile(file.name, vectors)
+        stored = await asyncio.gather(
+            *(
+                index.store(
+                    scope, vectors, file.name, _entry_version(current, index.key(file.name))
+                )
+                for file, vectors in zip(plan, computed, strict=True)
+            ),
+            return_exceptions=True,
+        )
+        for file, outcome in zip(plan, stored, strict=True):
+            if isinstance(outcome, BaseException):
+                logger.warning(
+                    "could not store the vectors of memory file %r (%s); they are recomputed "
+                    "when next needed",
+                    file.name,
+                    redact(str(outcome)),
+                )
+
+    # -- indexing -------------------------------------------------------------------------
+
+    def _in_background(self, scope: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._indexing[task] = scope
+        task.add_done_callback(self._indexing_done)
+
+    def _indexing_done(self, task: asyncio.Task[None]) -> None:
+        self._indexing.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            logger.warning(
+                "indexing a memory file failed (%s: %s); the next search or reindex repairs it",
+                type(exc).__name__,
+                redact(str(exc)),
+            )
+
+    async def _settle_indexing(self, scope: str) -> None:
+        pending = [task for task, where in self._indexing.items() if where == scope]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _index_version(
+        self, loc: _Location, version: str, content: str, operation_id: str | None
+    ) -> None:
+        """Store the vectors of ``version`` of ``loc``, unless it is no longer the file's
+        version (its successor's writer indexes that one) or already indexed (a retried
+        write): so a version is embedded once, by the write that made it."""
+        index = self._semantic
+        assert index is not None
+        embedded = None
+        for _ in range(_MAX_CAS_ROUNDS):
+            entries = await self.kv.get_many(loc.scope, [loc.name, index.key(loc.name)])
+            file_entry = entries.get(loc.name)
+            record = self._decode(file_entry, loc) if file_entry is not None else None
+            if record is None or not record.live or record.version != version:
+                return
+            vector_entry = entries.get(index.key(loc.name))
+            existing = (
+                index.decode(loc.scope, loc.name, vector_entry.value) if vector_entry else None
+            )
+            if index.usable(existing, version):
+                return
+            if embedded is None:
+                [embedded] = await index.embed_files(
+                    [ToEmbed(loc.name, version, content, operation_id)]
+                )
+            replaces = vector_entry.version if vector_entry is not None else None
+            if await index.store(loc.scope, embedded, loc.name, replaces):
+                return
+
+    @telemetry.traced("memory.reindex")
+    async def reindex(
+        self,
+        directory: str = "",
+        *,
+        batch_files: int = 32,
+        progress: Callable[[ReindexReport], None] | None = None,
+    ) -> ReindexReport:
+        """Embed every file under ``directory`` whose vectors from the store's model are
+        missing or stale (after a model change, a crash, or files written by a store
+        without an embedder). Resumable: files already indexed are only read again.
+        ``progress`` is called after each batch with the report so far."""
+        index = self._semantic
+        if index is None:
+            raise ValueError("reindex needs a store opened with a semantic or hybrid search")
+        if directory:
+            validate_store_path(directory)
+        report = ReindexReport()
+        batch: list[tuple[str, FileRecord]] = []
+        batch_scope: str | None = None
+
+        async def flush() -> None:
+            if not batch or batch_scope is None:
+                return
+            found = await self._vectors_of(batch_scope, batch)
+            missing = [(name, record) for name, record in batch if name not in found]
+            texts = await self._full_texts(batch_scope, missing) if missing else {}
+            await self._embed_and_store(batch_scope, missing, texts, found)
+            report.files += len(batch)
+            report.embedded += sum(1 for name, _ in missing if name in texts)
+            report.up_to_date += len(batch) - len(missing)
+            report.skipped += [name for name, _ in missing if name not in texts]
+            batch.clear()
+            if progress is not None:
+                progress(report)
+
+        async with aclosing(self._directories(directory)) as directories:
+            async for current in directories:
+                scope = self._scope(current)
+                base = f"{current}/" if current else ""
+                async for item in self.kv.iter_scan(scope, page_size=self._page_size, values=True):
+                    if item.key.startswith(INTERNAL_KEY_MARK):
+                        break
+                    if item.key.endswith(MARKER_SUFFIX):
+                        continue
+                    record = self._live_file(scope, base, item.key, item.entry)
+                    if record is None:
+                        continue
+                    if batch_scope != scope:
+                        await flush()
+                        batch_scope = scope
+                    batch.append((item.key, record))
+                    if len(batch) >= batch_files:
+                        await flush()
+        await flush()
+        return report
 
     async def _reread(self, path: str, max_chars: int) -> MemoryFile | None:
         """The current version of a file; None when it is gone, or damaged (reported)."""
@@ -1127,6 +1464,11 @@ def _shaped_record(
         metadata_chunks=len(chunks.metadata_pieces) if chunks is not None and shape.metadata else 0,
         receipts=list(receipts),
     )
+
+
+def _entry_version(entries: Mapping[str, Entry], key: str) -> str | None:
+    entry = entries.get(key)
+    return entry.version if entry is not None else None
 
 
 def _token_age(token: str, now: float) -> float:
