@@ -66,3 +66,23 @@ def test_the_closing_hint_runs_where_the_demo_ran(
     result = CliRunner().invoke(cli, ["demo", "--url", "memory://demo-hint"])
     assert result.exit_code == 0, result.output
     assert f"look at it:  {launcher} sessions memory://demo-hint show" in result.output
+
+
+def test_recall_demo_finds_a_fact_by_meaning(tmp_path: Path) -> None:
+    """``demo-recall``: the agent writes a fact, then finds it through ``search_memory`` by
+    a query sharing no word with it; lexical search finds nothing, semantic search finds it."""
+    url = f"sqlite:///{tmp_path}/recall.db"
+    result = CliRunner().invoke(cli, ["demo-recall", "--url", url])
+    assert result.exit_code == 0, result.output
+    story = [
+        'tool write_memory({"content":"The user\'s daughter is called Maya; she is seven."',
+        'tool search_memory({"query":"family members"})',
+        "agent: From my notes: The user's daughter is called Maya; she is seven.",
+        "lexical:  0 matches (no word in common)",
+        "/main/people.md, cosine similarity 0.",
+    ]
+    position = 0
+    for line in story:
+        found = result.output.find(line, position)
+        assert found >= 0, f"missing (in order): {line!r}\n{result.output}"
+        position = found

@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Delete expired entries the backend does not collect.",
     ),
     "demo": ("agent_stores.cli.demo:demo", "Run the scripted agent demo (no API key)."),
+    "demo-recall": (
+        "agent_stores.cli.recall_demo:demo_recall",
+        "An agent recalls a fact by meaning (offline, no API key).",
+    ),
     "sessions": ("agent_stores.cli.sessions:sessions", "Inspect and repair sessions."),
     "memory": ("agent_stores.cli.memory:memory", "Browse and edit memory files."),
     "runs": ("agent_stores.cli.runs:runs", "List, show and delete checkpointed runs."),

@@ -139,8 +139,9 @@ async def rm(ctx: click.Context, path: str) -> None:
 
 _EMBEDDER_HELP = (
     "The Pydantic AI embedding model, e.g. openai:text-embedding-3-small (its provider's "
-    "credentials come from the environment, as in Pydantic AI), or python:MODULE:NAME, a "
-    "callable returning an Embedder or EmbeddingModel."
+    "credentials come from the environment, as in Pydantic AI); wordllama (offline, the "
+    "wordllama extra); or python:MODULE:NAME, a callable returning an Embedder or "
+    "EmbeddingModel."
 )
 
 
@@ -155,7 +156,15 @@ def _search_config(mode: str, embedder: str | None) -> SearchConfig | None:
 
 
 def _embedder(spec: str) -> Any:
-    """A Pydantic AI model name as given, or what ``python:MODULE:NAME`` returns."""
+    """A Pydantic AI model name as given, WordLlama's shipped model for ``wordllama``, or
+    what ``python:MODULE:NAME`` returns."""
+    if spec == "wordllama":
+        from ..memory.wordllama import WordLlamaEmbeddingModel
+
+        try:
+            return WordLlamaEmbeddingModel()
+        except ImportError as exc:
+            raise click.UsageError(str(exc)) from None
     if not spec.startswith("python:"):
         return spec
     module, _, name = spec.removeprefix("python:").partition(":")
