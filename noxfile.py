@@ -671,7 +671,9 @@ def bench(session: nox.Session) -> None:
     the per-backend figures of every backend (``benchmarks/run.py``) and the requests per
     operation on the cloud backends (``benchmarks/request_counts.py``) and every
     operation's latency behind a 20 ms proxy (``benchmarks/latency.py``), both written to
-    docs/requests.md. ``-- --quick``: short, nothing written."""
+    docs/requests.md; then memory recall by meaning (``benchmarks/recall.py``: recall@5 and
+    MRR per search mode on WordNet glosses, search latency at 1k-100k passages), added to
+    docs/benchmarks.md. ``-- --quick``: short, nothing written."""
     _install(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
     venv = Path(".nox/bench-anchors")
@@ -720,6 +722,9 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/request_counts.py", *pages, env=env)
         samples = ["--samples", "5"] if quick else []
         session.run("python", "benchmarks/latency.py", *samples, *pages, env=env)
+        # Written after side_by_side.py, which rewrites docs/benchmarks.md whole.
+        recall_page = [] if quick else ["--markdown", "docs/benchmarks.md"]
+        session.run("python", "benchmarks/recall.py", *quick, *recall_page, env=env)
 
 
 @nox.session(name="contract-stress", python=False)

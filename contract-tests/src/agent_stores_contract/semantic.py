@@ -362,3 +362,22 @@ class SemanticContract(ContractBase):
             assert len(concepts.documents) == 4
             assert paths(await store.search("u/v/", "family", **BOUNDS)) == ["u/v/c.md", "u/v/d.md"]
             assert len(concepts.documents) == 4
+
+    async def test_collect_garbage_drops_vectors_of_deleted_files(
+        self, kv: KVStore, semantic: KVMemoryStore, semantic_factory: SemanticFactory
+    ) -> None:
+        """Vectors left behind by a deletion that did not drop them are collected by
+        ``collect_garbage``; a live file's vectors are kept."""
+        gone = await semantic.write("u/gone.md", "daughter Maya", expected_version=None)
+        await semantic.write("u/kept.md", "son Tom", expected_version=None)
+        await semantic.wait_indexed()
+        async with semantic_factory(kv, None) as lexical:
+            await lexical.delete("u/gone.md", expected_version=gone.version)
+        index = semantic.semantic_index
+        assert index is not None
+        scope = semantic.directory_scope("u")
+        assert await kv.get(scope, index.key("gone.md")) is not None
+        assert await semantic.collect_garbage() == 1
+        assert await kv.get(scope, index.key("gone.md")) is None
+        assert await kv.get(scope, index.key("kept.md")) is not None
+        assert paths(await semantic.search("u/", "family", **BOUNDS)) == ["u/kept.md"]

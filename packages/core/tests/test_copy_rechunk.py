@@ -179,3 +179,26 @@ async def test_chunked_metadata_is_compared_by_content() -> None:
         changed[metadata_key].value.replace(b"n", b"N", 1), "", changed[metadata_key].expires_at
     )
     assert content_view("memory", changed) != view
+
+
+async def test_an_oversized_vector_record_is_left_for_the_destination_to_recompute() -> None:
+    """A file's vector record too large for the destination is left out (derived data),
+    never listed as too large; the file itself is re-cut and compares equal."""
+    from agent_stores.memory import SearchConfig
+    from agent_stores_contract.embedding import ConceptEmbeddingModel
+
+    url = source_url()
+    search = SearchConfig(mode="semantic", embedder=ConceptEmbeddingModel(dimensions=64))
+    async with connect(url) as conn:
+        await conn.kv.setup()
+        async with conn.memory(search=search) as memory:
+            text = "\n\n".join(f"daughter {i} " * 8 for i in range(40))
+            await memory.write("d/a.md", text, expected_version=None)
+            await memory.wait_indexed()
+    entries = await snapshot(url, "memory:d")
+    [vectors] = [k for k in entries if k.startswith("~v/")]
+    assert len(entries[vectors].value) > LIMIT
+    fitted = fit("memory", "memory:d", entries, LIMIT, now=NOW)
+    assert fitted.rechunked and not fitted.too_large
+    assert vectors not in fitted.entries
+    assert content_view("memory", fitted.entries) == content_view("memory", entries)

@@ -83,3 +83,45 @@ def test_quarantine_of_a_large_record_on_small_items_uses_few_entries() -> None:
     (key, first), *rest = parts
     found = decode_quarantined(key, first, [value for _, value in rest])
     assert found.raw == raw and found.origin_key == "a.md" and found.version == "v1"
+
+
+def test_doctor_quarantines_a_damaged_vector_record(tmp_path: Path) -> None:
+    """A vector record that does not decode is listed and quarantined; the next search
+    computes it again."""
+    from agent_stores.memory import SearchConfig
+    from agent_stores_contract.embedding import ConceptEmbeddingModel
+
+    url = f"sqlite:///{tmp_path}/doctor.db"
+    model = ConceptEmbeddingModel()
+    search = SearchConfig(mode="semantic", embedder=model)
+    bounds = {"limit": 5, "max_files": 10, "max_chars": 1000, "max_file_chars": 1000}
+
+    async def plant() -> str:
+        kv = open_kv(url)
+        async with KVMemoryStore(kv, owns_kv=True, search=search) as memory:
+            await memory.write("u/a.md", "daughter Maya", expected_version=None)
+            await memory.wait_indexed()
+            assert memory.semantic_index is not None
+            scope, key = memory.directory_scope("u"), memory.semantic_index.key("a.md")
+            entry = await kv.get(scope, key)
+            assert entry is not None
+            await kv.replace(scope, key, b"{broken", expected_version=entry.version)
+            return key
+
+    async def search_after() -> list[str]:
+        kv = open_kv(url)
+        async with KVMemoryStore(kv, owns_kv=True, search=search) as memory:
+            found = await memory.search("u/", "family", **bounds)
+            return [m.path for m in found.matches]
+
+    key = asyncio.run(plant())
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["doctor", url, "--json"])
+    assert listed.exit_code == 1, listed.output
+    [finding] = json.loads(listed.stdout)["findings"]
+    assert (finding["kind"], finding["key"]) == ("undecodable", key)
+    assert "the next search or reindex computes it again" in finding["repair"]
+    assert runner.invoke(cli, ["doctor", url, "--repair"]).exit_code == 0
+    assert runner.invoke(cli, ["doctor", url]).exit_code == 0
+    assert asyncio.run(search_after()) == ["u/a.md"]
+    assert len(model.documents) == 2

@@ -42,6 +42,7 @@ from .memory._records import (
     IndexEntry,
     decode_text,
 )
+from .memory.vectors import VECTOR_PREFIX, VectorRecord
 from .sessions.records import (
     CHUNK_PREFIX as SESSION_CHUNK_PREFIX,
 )
@@ -171,12 +172,33 @@ async def _check_memory(kv: KVStore, scope: str, prefix: str) -> list[Finding]:
     by_key = dict(entries)
     found = []
     for key, entry in entries:
-        if key.startswith(INTERNAL_KEY_MARK) or key.endswith(MARKER_SUFFIX):
+        if key.startswith(VECTOR_PREFIX):
+            finding = _check_vector_record(scope, key, entry)
+        elif key.startswith(INTERNAL_KEY_MARK) or key.endswith(MARKER_SUFFIX):
             continue
-        finding = _check_memory_file(scope, key, entry, by_key)
+        else:
+            finding = _check_memory_file(scope, key, entry, by_key)
         if finding is not None:
             found.append(finding)
     return found
+
+
+def _check_vector_record(scope: str, key: str, entry: Entry) -> Finding | None:
+    """A vector record that does not decode (it is derived data: a search recomputes it)."""
+    try:
+        VectorRecord.load(entry.value, where=repr(f"{scope}/{key}"))
+    except ImportError:
+        return None  # no numpy here: vectors cannot be checked, nor used
+    except CorruptRecordError as exc:
+        return Finding(
+            "memory",
+            "undecodable",
+            scope,
+            key,
+            exc.detail,
+            "quarantine the vector record (the next search or reindex computes it again)",
+        )
+    return None
 
 
 def _check_receipt_index(scope: str, entries: list[tuple[str, Entry]]) -> list[Finding]:

@@ -61,6 +61,7 @@ from .semantic import (
     cut_snippet,
     reciprocal_rank_fusion,
 )
+from .vectors import VECTOR_PREFIX
 
 if TYPE_CHECKING:
     # At run time these are looked up on ``_harness`` when used, which imports the
@@ -791,10 +792,11 @@ class KVMemoryStore(KVBackedStore):
 
     @telemetry.traced("memory.collect_garbage")
     async def collect_garbage(self, directory: str = "") -> int:
-        """Delete chunks no record references (left by a crash mid-write) under ``directory``.
+        """Delete chunks no record references (left by a crash mid-write) and vector records
+        of deleted files under ``directory``.
 
         Only chunks older than ``chunk_grace`` are touched, so a write still in flight never
-        loses the chunks it is about to reference. Returns how many were deleted.
+        loses the chunks it is about to reference. Returns how many entries were deleted.
         """
         if directory:
             validate_store_path(directory)
@@ -1399,6 +1401,42 @@ class KVMemoryStore(KVBackedStore):
             start_after = page[-1].key
 
     async def _collect_scope(self, scope: str, now: float) -> int:
+        return await self._collect_chunks(scope, now) + await self._collect_vectors(scope)
+
+    async def _collect_vectors(self, scope: str) -> int:
+        """Delete vector records (of any model) whose file is gone; a damaged file record
+        keeps its vectors. A file created again meanwhile may lose its new vectors: its
+        next search computes them again."""
+        by_name: dict[str, list[str]] = {}
+        async for item in self.kv.iter_scan(
+            scope, prefix=VECTOR_PREFIX, page_size=self._page_size, values=False
+        ):
+            name = item.key[len(VECTOR_PREFIX) :].partition("/")[2]
+            by_name.setdefault(name, []).append(item.key)
+        if not by_name:
+            return 0
+        records = await self.kv.get_many(scope, list(by_name))
+        doomed: list[str] = []
+        for name, keys in by_name.items():
+            entry = records.get(name)
+            try:
+                record = (
+                    FileRecord.load(entry.value, where=repr(f"{scope}/{name}")) if entry else None
+                )
+            except CorruptRecordError:
+                continue
+            if record is None or not record.live:
+                doomed += keys
+        current = await self.kv.get_many(scope, doomed) if doomed else {}
+        deleted = await asyncio.gather(
+            *(
+                self.kv.delete(scope, key, expected_version=entry.version)
+                for key, entry in current.items()
+            )
+        )
+        return sum(deleted)
+
+    async def _collect_chunks(self, scope: str, now: float) -> int:
         by_name: dict[str, list[tuple[str, str]]] = {}
         async for item in self.kv.iter_scan(
             scope, prefix=CHUNK_PREFIX, page_size=self._page_size, values=False

@@ -17,7 +17,9 @@ memory
     content is cut at character boundaries into chunks of the destination's size and
     the record rewritten with the new sizes (same memory version, operation id,
     receipts); content that was inline in a record too large for the destination moves
-    into chunks, as the store itself does for large files.
+    into chunks, as the store itself does for large files. A vector record
+    (``~v/<model>/<name>``) too large is left out: it is derived from the file, and the
+    destination's next search computes it again.
 runs
     A large record is a stub ``{..., "blob": {"sha256", "chunks", "size"}}`` whose bytes
     are content-addressed chunks ``x/<sha256>/<n>``. Re-split: the chunks are cut at the
@@ -59,6 +61,7 @@ from ..memory._records import (
     metadata_chunk_key,
     split_utf8,
 )
+from ..memory.vectors import VECTOR_PREFIX
 from ..sessions.records import (
     CHUNK_PREFIX as SESSION_CHUNK_PREFIX,
 )
@@ -337,6 +340,10 @@ class _Fitter:
     def memory(self, now: float, existing: dict[str, Entry]) -> None:
         for name, entry in self.source.items():
             self.refit_file(name, entry, now, existing)
+        # A vector record is derived data: one too large for the destination is left
+        # out, and the destination's next search (or reindex) computes it again with
+        # passages sized to its limit.
+        self.drop(key for key in self.source if key.startswith(VECTOR_PREFIX) and self.big(key))
         for key in self.source:
             if key.startswith(MEMORY_CHUNK_PREFIX) and key not in self.handled and self.big(key):
                 self.flag(
@@ -608,7 +615,8 @@ def _session_view(entries: dict[str, Entry]) -> dict[str, Entry]:
 
 
 def _memory_view(entries: dict[str, Entry]) -> dict[str, Entry]:
-    view = dict(entries)
+    # Vector records are derived from the files (and may be left out by a re-cut).
+    view = {key: entry for key, entry in entries.items() if not key.startswith(VECTOR_PREFIX)}
     absorbed: set[str] = set()
     for name, entry in entries.items():
         record = _live_file(name, entry, where=name)
