@@ -5,6 +5,10 @@ memory store, prints ``ready``, waits for one line on stdin (so every process st
 the same moment), then runs N concurrent appends of ``TAG-i``, each at a random
 moment of the race window.
 
+``python -m agent_stores_contract.memory_workers semantic-append URL PREFIX PATH TAG N``
+does the same on a store searching by meaning (the contract's concept embedder), and
+waits for its indexing before it exits.
+
 ``python -m agent_stores_contract.memory_workers crash-write URL PREFIX PATH SIZE K OP RECORD_BYTES``
 writes ``crash_content(SIZE)`` to PATH with operation ``op-OP`` and is SIGKILLed by its
 own KV client right before the (K+1)-th KV write.
@@ -23,12 +27,21 @@ from agent_stores.memory import KVMemoryStore
 from .memory import FaultKV, append_within_race_window, crash_content, op
 
 
-async def append_lines(url: str, prefix: str, path: str, tag: str, count: str) -> None:
+async def append_lines(
+    url: str, prefix: str, path: str, tag: str, count: str, semantic: bool = False
+) -> None:
     """Append ``tag-0`` … ``tag-(count-1)`` concurrently once stdin says go."""
     kv = open_kv(url)
     try:
         await kv.setup()
-        store = KVMemoryStore(kv, scope_prefix=prefix)
+        search = None
+        if semantic:
+            from agent_stores.memory import SearchConfig
+
+            from .embedding import ConceptEmbeddingModel
+
+            search = SearchConfig(mode="semantic", embedder=ConceptEmbeddingModel())
+        store = KVMemoryStore(kv, scope_prefix=prefix, search=search)
         await store.list_paths(path, limit=1)  # connect before the start line
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -36,6 +49,7 @@ async def append_lines(url: str, prefix: str, path: str, tag: str, count: str) -
         await asyncio.gather(
             *(append_within_race_window(store, path, f"{tag}-{i}") for i in range(int(count)))
         )
+        await store.wait_indexed()
     finally:
         await kv.aclose()
 
@@ -61,8 +75,14 @@ async def crash_write(
     await kv.aclose()
 
 
+async def semantic_append_lines(url: str, prefix: str, path: str, tag: str, count: str) -> None:
+    """:func:`append_lines` on a store that indexes every version it writes."""
+    await append_lines(url, prefix, path, tag, count, semantic=True)
+
+
 WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "append": append_lines,
+    "semantic-append": semantic_append_lines,
     "crash-write": crash_write,
 }
 

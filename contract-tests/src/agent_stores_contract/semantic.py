@@ -15,19 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from agent_stores import KVStore
-from agent_stores.memory import KVMemoryStore, SearchConfig
+from agent_stores.memory import KVMemoryStore, SearchConfig, read_whole
 from agent_stores.memory.port import KVMemoryPort
 from agent_stores.memory.vectors import VectorRecord, vector_key
 from pydantic_ai_harness.memory import MemoryOperation, MemorySearchResult
 
-from .base import ContractBase
+from .base import REAL_TIME_LIMIT_SECONDS, ContractBase, require_capability
 from .embedding import ConceptEmbeddingModel
+from .memory import append_within_race_window
 
 SemanticFactory = Callable[..., KVMemoryStore]
 
@@ -381,3 +384,60 @@ class SemanticContract(ContractBase):
         assert await kv.get(scope, index.key("gone.md")) is None
         assert await kv.get(scope, index.key("kept.md")) is not None
         assert paths(await semantic.search("u/", "family", **BOUNDS)) == ["u/kept.md"]
+
+    async def test_concurrent_indexing_from_processes(
+        self,
+        kv: KVStore,
+        store_url: str,
+        memory_prefix: str,
+        semantic_factory: SemanticFactory,
+        concepts: ConceptEmbeddingModel,
+    ) -> None:
+        """Three processes and 20 tasks append to one file, each write indexed by its own
+        writer: once all are done, the stored vectors are the final version's."""
+        require_capability(kv, "shared_across_processes", "needs data shared between processes")
+        path, per_process = "u/log.md", 5
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "agent_stores_contract.memory_workers",
+                "semantic-append",
+                store_url,
+                memory_prefix,
+                path,
+                f"daughter{p}",
+                str(per_process),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for p in range(3)
+        ]
+        for proc in procs:
+            assert proc.stdout is not None
+            ready = await asyncio.wait_for(proc.stdout.readline(), timeout=REAL_TIME_LIMIT_SECONDS)
+            assert ready.strip() == b"ready", ready
+        async with semantic_factory(kv, concepts) as store:
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write(b"go\n")
+                await proc.stdin.drain()
+            tasks = asyncio.gather(
+                *(append_within_race_window(store, path, f"ramen task-{i}") for i in range(20))
+            )
+            outputs = await asyncio.gather(*(p.communicate() for p in procs))
+            await tasks
+            await store.wait_indexed()
+            for proc, (_, err) in zip(procs, outputs, strict=True):
+                assert proc.returncode == 0, err.decode()
+            final = await read_whole(store, path)
+            assert final is not None
+            assert final.content.count("\n") + 1 >= 20 + 3 * per_process
+            index = store.semantic_index
+            assert index is not None
+            entry = await kv.get(store.directory_scope("u"), index.key("log.md"))
+            assert entry is not None
+            assert VectorRecord.load(entry.value, where="log.md").file_version == final.version
+            found = await store.search("u/", "food", **BOUNDS)
+            assert paths(found) == ["u/log.md"]
