@@ -175,3 +175,40 @@ async def test_one_embedding_request_per_search_once_indexed() -> None:
         before = model.calls
         await store.search("u/", "family", **BOUNDS)
         assert model.calls == before + 1
+
+
+async def test_a_blank_file_is_indexed_once_and_never_matches() -> None:
+    model = ConceptEmbeddingModel()
+    async with KVMemoryStore(
+        MemoryKV(), owns_kv=True, search=SearchConfig(mode="semantic", embedder=model)
+    ) as store:
+        await store.write("u/blank.md", "  \n\n ", expected_version=None)
+        await store.write("u/a.md", "daughter", expected_version=None)
+        await store.wait_indexed()
+        for _ in range(2):
+            found = await store.search("u/", "family", **BOUNDS)
+            assert [m.path for m in found.matches] == ["u/a.md"]
+        assert model.documents == ["a: daughter"]
+
+
+async def test_an_empty_directory_costs_no_embedding() -> None:
+    model = ConceptEmbeddingModel()
+    async with KVMemoryStore(
+        MemoryKV(), owns_kv=True, search=SearchConfig(mode="semantic", embedder=model)
+    ) as store:
+        found = await store.search("nobody/", "family", **BOUNDS)
+        assert (found.matches, found.scanned, model.calls) == ([], 0, 0)
+
+
+async def test_vectors_of_another_dimension_are_recomputed_before_the_first_embedding() -> None:
+    """A fresh store's first search reads vectors before its first embedding tells the
+    dimension: vectors of the same model name but another dimension are recomputed."""
+    kv = MemoryKV()
+    short = ConceptEmbeddingModel(dimensions=8)
+    async with KVMemoryStore(kv, search=SearchConfig(mode="semantic", embedder=short)) as store:
+        await store.write("u/a.md", "daughter", expected_version=None)
+    longer = ConceptEmbeddingModel(dimensions=16)  # same name: same model key
+    async with KVMemoryStore(kv, search=SearchConfig(mode="semantic", embedder=longer)) as store:
+        found = await store.search("u/", "family", **BOUNDS)
+        assert [m.path for m in found.matches] == ["u/a.md"]
+        assert longer.documents == ["a: daughter"]

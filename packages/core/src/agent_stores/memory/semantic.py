@@ -178,7 +178,11 @@ class SemanticIndex:
         return (
             record is not None
             and record.file_version == file_version
-            and (self._dimensions is None or record.dimensions == self._dimensions)
+            and (
+                self._dimensions is None
+                or record.dimensions == self._dimensions
+                or not record.passages  # a blank file: no vector to compare
+            )
         )
 
     # -- embedding ------------------------------------------------------------------------

@@ -540,9 +540,19 @@ class KVMemoryStore(KVBackedStore):
         assert index is not None
         files = selected[:max_files]
         await self._settle_indexing(scope)
+        if not files:
+            return _harness.MemorySearchResult(matches=[], scanned=0, truncated=False)
         query_vector, indexed = await asyncio.gather(
             index.embed_query(query), self._vectors_of(scope, files)
         )
+        # Read before the first embedding told the dimension: another dimension's vectors
+        # (same model, other settings) are recomputed, never compared.
+        dimensions = int(query_vector.shape[1])
+        indexed = {
+            name: found
+            for name, found in indexed.items()
+            if found.record.dimensions == dimensions or not found.record.passages
+        }
         texts: dict[str, str] = {}
         missing = [(name, record) for name, record in files if name not in indexed]
         if missing:
