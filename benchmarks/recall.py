@@ -230,6 +230,27 @@ async def write_costs(url: str, corpus: list[Synset], samples: int) -> dict[str,
 # -- the page ---------------------------------------------------------------------------------
 
 
+def growth(p50s: dict[str, dict[int, float]]) -> str:
+    """How the generic path's p50 grew with the passages searched, per backend."""
+    parts = []
+    for label, by_size in p50s.items():
+        smallest, largest = min(by_size), max(by_size)
+        if largest == smallest:
+            continue
+        factor = by_size[largest] / by_size[smallest]
+        per_passage = (by_size[largest] - by_size[smallest]) / (largest - smallest)
+        parts.append(
+            f"{label} {factor:.0f}x for {largest // smallest}x the passages "
+            f"({per_passage * 1e6:.1f} µs per passage)"
+        )
+    return (
+        "The generic path's cost grows linearly with the passages searched: it reads and "
+        f"scores every vector of the searched files. From the smallest to the largest size: "
+        f"{'; '.join(parts)}. Native vector indexes (pgvector, sqlite-vec), which answer "
+        "without reading every vector, are not built yet."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer files, queries and sizes")
@@ -273,6 +294,7 @@ def main() -> None:
         "| passages (files) | " + " | ".join(backends) + " |",
         "|---|" + "---|" * len(backends),
     ]
+    p50s: dict[str, dict[int, float]] = {}
     for passages, per_file in sizes:
         cells = []
         for label, url in backends.items():
@@ -281,8 +303,10 @@ def main() -> None:
                 continue
             p50, p99 = asyncio.run(search_latency(url, shuffled, passages, per_file, samples, seed))
             cells.append(f"{p50 * 1000:.1f} / {p99 * 1000:.1f} ms")
+            p50s.setdefault(label, {})[passages] = p50
             print(f"{label} {passages} passages: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
         lines.append(f"| {passages:,} ({passages // per_file:,}) | " + " | ".join(cells) + " |")
+    lines += ["", growth(p50s)]
     lines += [
         "",
         "A memory write of 10 glosses (p50): the write the caller waits on, without and with "
