@@ -279,20 +279,27 @@ def _lines(content: str) -> list[str]:
     return [line for line in content.split("\n") if line]
 
 
-async def _start_append_processes(
-    store_url: str, memory_prefix: str, per_process: int
+async def start_append_processes(
+    store_url: str,
+    memory_prefix: str,
+    per_process: int,
+    *,
+    worker: str = "append",
+    path: str = "u/main/log.md",
+    tag: str = "proc",
 ) -> list[asyncio.subprocess.Process]:
-    """3 ``memory_workers append`` processes, each ready and waiting for its go."""
+    """3 ``memory_workers WORKER`` processes appending ``TAG<p>-<i>`` lines to ``path``,
+    each ready and waiting for its go."""
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "agent_stores_contract.memory_workers",
-            "append",
+            worker,
             store_url,
             memory_prefix,
-            "u/main/log.md",
-            f"proc{p}",
+            path,
+            f"{tag}{p}",
             str(per_process),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -1214,7 +1221,7 @@ class MemoryContract(ContractBase):
             "process-local: there is no data for a second process to share",
         )
         per_process = 10
-        procs = await _start_append_processes(store_url, memory_prefix, per_process)
+        procs = await start_append_processes(store_url, memory_prefix, per_process)
         clients = [kv_factory() for _ in range(5)]
         stores = [memory_factory(c) for c in clients]
         try:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -28,9 +26,9 @@ from agent_stores.memory.port import KVMemoryPort
 from agent_stores.memory.vectors import VectorRecord, vector_key
 from pydantic_ai_harness.memory import MemoryOperation, MemorySearchResult
 
-from .base import REAL_TIME_LIMIT_SECONDS, ContractBase, require_capability
+from .base import ContractBase, require_capability
 from .embedding import ConceptEmbeddingModel
-from .memory import append_within_race_window
+from .memory import MemoryContract, append_within_race_window, start_append_processes
 
 SemanticFactory = Callable[..., KVMemoryStore]
 
@@ -52,10 +50,8 @@ class SemanticContract(ContractBase):
 
     pytestmark = pytest.mark.asyncio
 
-    @pytest.fixture
-    def memory_prefix(self, ns: str) -> str:
-        """The scope prefix isolating this test's memory files."""
-        return f"{ns}:memory:"
+    # The memory contract's own: the same isolation for the same store.
+    memory_prefix = MemoryContract.memory_prefix
 
     @pytest.fixture
     def concepts(self) -> ConceptEmbeddingModel:
@@ -397,27 +393,14 @@ class SemanticContract(ContractBase):
         writer: once all are done, the stored vectors are the final version's."""
         require_capability(kv, "shared_across_processes", "needs data shared between processes")
         path, per_process = "u/log.md", 5
-        procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agent_stores_contract.memory_workers",
-                "semantic-append",
-                store_url,
-                memory_prefix,
-                path,
-                f"daughter{p}",
-                str(per_process),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            for p in range(3)
-        ]
-        for proc in procs:
-            assert proc.stdout is not None
-            ready = await asyncio.wait_for(proc.stdout.readline(), timeout=REAL_TIME_LIMIT_SECONDS)
-            assert ready.strip() == b"ready", ready
+        procs = await start_append_processes(
+            store_url,
+            memory_prefix,
+            per_process,
+            worker="semantic-append",
+            path=path,
+            tag="daughter",
+        )
         async with semantic_factory(kv, concepts) as store:
             for proc in procs:
                 assert proc.stdin is not None
