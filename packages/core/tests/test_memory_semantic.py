@@ -34,6 +34,13 @@ def test_paragraphs_are_passages() -> None:
     ]
 
 
+def test_paragraphs_can_be_packed_together() -> None:
+    text = "one\n\ntwo\n\nthree"
+    assert len(split_passages(text, 64)) == 3
+    [whole] = split_passages(text, 64, merge_paragraphs=True)
+    assert text[whole.start : whole.end] == text
+
+
 def test_long_lines_are_cut_at_whitespace() -> None:
     text = " ".join(f"word{i}" for i in range(100))
     spans = split_passages(text, 64)
@@ -41,12 +48,16 @@ def test_long_lines_are_cut_at_whitespace() -> None:
     assert " ".join(text[p.start : p.end] for p in spans) == text
 
 
-@given(st.text(alphabet=st.sampled_from("ab \n\t."), max_size=600), st.integers(64, 200))
-def test_passages_cover_the_text_in_order(text: str, limit: int) -> None:
+@given(
+    st.text(alphabet=st.sampled_from("ab \n\t."), max_size=600),
+    st.integers(64, 200),
+    st.booleans(),
+)
+def test_passages_cover_the_text_in_order(text: str, limit: int, merge: bool) -> None:
     """Passages are ordered, disjoint, at most ``limit`` long, trimmed, and together hold
-    every non-blank character of the text."""
-    spans = split_passages(text, limit)
-    assert spans == split_passages(text, limit)  # deterministic
+    every non-blank character of the text (paragraphs packed together or not)."""
+    spans = split_passages(text, limit, merge_paragraphs=merge)
+    assert spans == split_passages(text, limit, merge_paragraphs=merge)  # deterministic
     end = 0
     for span in spans:
         assert end <= span.start < span.end <= len(text)
@@ -212,3 +223,30 @@ async def test_vectors_of_another_dimension_are_recomputed_before_the_first_embe
         found = await store.search("u/", "family", **BOUNDS)
         assert [m.path for m in found.matches] == ["u/a.md"]
         assert longer.documents == ["a: daughter"]
+
+
+async def test_a_long_file_gets_longer_passages_to_fit_one_value() -> None:
+    """A fresh store does not know the dimension before its first embedding: a file with
+    more passages than one value holds is split again into longer passages, and stored."""
+    import uuid
+
+    from agent_stores import open_kv
+
+    kv = open_kv(f"memory://long-{uuid.uuid4().hex[:8]}?max_value_bytes=4096")
+    model = ConceptEmbeddingModel(dimensions=64)
+    text = "\n\n".join(f"daughter number {i} " * 4 for i in range(40))
+    async with KVMemoryStore(
+        kv, owns_kv=True, search=SearchConfig(mode="semantic", embedder=model)
+    ) as store:
+        await store.write("u/long.md", text, expected_version=None)
+        await store.wait_indexed()
+        assert store.semantic_index is not None
+        entry = await kv.get(store.directory_scope("u"), store.semantic_index.key("long.md"))
+        assert entry is not None and len(entry.value) <= 4096
+        record = VectorRecord.load(entry.value, where="long.md")
+        assert 1 < len(record.passages) <= max_passages(4096, 64)
+        assert record.passages[-1].end == len(text.rstrip())
+        embedded = len(model.documents)
+        found = await store.search("u/", "family", **BOUNDS)
+        assert [m.path for m in found.matches] == ["u/long.md"]
+        assert len(model.documents) == embedded

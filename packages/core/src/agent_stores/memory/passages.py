@@ -6,7 +6,9 @@ copy that could disagree with the file.
 
 Splitting is deterministic (the same content always gives the same spans): paragraphs
 are kept whole when they fit, lines are packed together up to ``passage_chars``, and a
-line longer than that is cut at the last whitespace before the limit.
+line longer than that is cut at the last whitespace before the limit. A file with more
+paragraphs than its vectors can hold in one stored value is split with its paragraphs
+packed together, into fewer, longer passages.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ class Passage:
     end: int
 
 
-def split_passages(text: str, passage_chars: int = DEFAULT_PASSAGE_CHARS) -> list[Passage]:
+def split_passages(
+    text: str, passage_chars: int = DEFAULT_PASSAGE_CHARS, *, merge_paragraphs: bool = False
+) -> list[Passage]:
     """The passages of ``text``, in order, each at most ``passage_chars`` characters.
 
-    Blank spans are left out; an empty or blank text has no passage.
+    A blank line ends a passage, unless ``merge_paragraphs`` (then paragraphs are packed
+    together up to the limit, as lines are). Blank spans are left out; an empty or blank
+    text has no passage.
     """
     if passage_chars < MIN_PASSAGE_CHARS:
         raise ValueError(f"passage_chars must be >= {MIN_PASSAGE_CHARS}")
@@ -39,12 +45,13 @@ def split_passages(text: str, passage_chars: int = DEFAULT_PASSAGE_CHARS) -> lis
         for piece_start, piece_end in _cut(text, line_start, line_end, passage_chars):
             blank_line = not text[piece_start:piece_end].strip()
             if start is not None and (
-                piece_end - start > passage_chars or (blank_line and end - start > 0)
+                piece_end - start > passage_chars
+                or (blank_line and not merge_paragraphs and end - start > 0)
             ):
                 passages.append(Passage(start, end))
                 start = None
-            if blank_line:
-                continue  # a blank line ends a passage and belongs to none
+            if blank_line and (start is None or not merge_paragraphs):
+                continue  # a blank line ends a passage (or separates packed ones)
             if start is None:
                 start = piece_start
             end = piece_end

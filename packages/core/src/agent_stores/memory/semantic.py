@@ -193,12 +193,30 @@ class SemanticIndex:
 
     async def embed_files(self, files: Sequence[ToEmbed]) -> list[VectorRecord]:
         """The vector records of ``files``, all their passages embedded in as few requests
-        as ``embed_batch`` allows."""
-        np = numpy_module()
+        as ``embed_batch`` allows, each small enough for one stored value."""
         limit = self.kv.limits.max_value_bytes
-        plans: list[tuple[ToEmbed, list[Passage]]] = []
-        for file in files:
-            plans.append((file, self._passages(file.text, limit)))
+        known = self._dimensions is not None
+        records = await self._embed_planned(
+            [(file, self._passages(file.text, limit)) for file in files]
+        )
+        if known:
+            return records
+        # The first embedding told the dimension: a file with more passages than one value
+        # holds at that dimension is split again, into longer passages, and embedded again.
+        most = max_passages(limit, self._dimensions or 1)
+        again = [i for i, record in enumerate(records) if len(record.passages) > most]
+        if again:
+            redone = await self._embed_planned(
+                [(files[i], self._passages(files[i].text, limit)) for i in again]
+            )
+            for i, record in zip(again, redone, strict=True):
+                records[i] = record
+        return records
+
+    async def _embed_planned(
+        self, plans: Sequence[tuple[ToEmbed, list[Passage]]]
+    ) -> list[VectorRecord]:
+        np = numpy_module()
         inputs = [
             _embedding_input(file.name, file.text, passage)
             for file, passages in plans
@@ -235,9 +253,11 @@ class SemanticIndex:
                 detail=f"one vector of {dims} dimensions does not fit the backend's "
                 f"{limit_bytes}-byte values (header {HEADER_BYTES} bytes)"
             )
-        while len(passages) > most:
+        if len(passages) > most:
+            passages = split_passages(text, chars, merge_paragraphs=True)
+        while len(passages) > most and chars < len(text):
             chars *= 2
-            passages = split_passages(text, chars)
+            passages = split_passages(text, chars, merge_paragraphs=True)
         return passages
 
     async def _embed(self, texts: list[str], input_type: Literal["query", "document"]) -> Matrix:
@@ -273,27 +293,28 @@ class SemanticIndex:
 
     async def store(
         self, scope: str, record: VectorRecord, name: str, replaces: str | None
-    ) -> bool:
+    ) -> Literal["stored", "conflict", "too-large"]:
         """Write ``record`` as ``name``'s vectors over the entry at ``replaces`` (None:
-        absent). False when another writer changed the entry first (it wins: it was
-        computed from the same version or a newer one, and a search re-checks anyway)."""
+        absent). ``"conflict"`` when another writer changed the entry first (it wins: it
+        was computed from the same version or a newer one, and a search re-checks
+        anyway); ``"too-large"`` (logged) when the record does not fit one value."""
         key = self.key(name)
         value = record.dump()
         if len(value) > self.kv.limits.max_value_bytes:
-            # Rare (the passage length adapts once the dimension is known): the file is
-            # searched lexically until a write or reindex can store it.
+            # Only when one passage's vector alone nears the limit (passages grow to fit
+            # otherwise): each search computes the file's vectors again.
             logger.warning(
                 "vectors of memory file %r do not fit one stored value (%d bytes)", name, len(value)
             )
-            return False
+            return "too-large"
         try:
             if replaces is None:
                 await self.kv.create(scope, key, value)
             else:
                 await self.kv.replace(scope, key, value, expected_version=replaces)
         except ConflictError:
-            return False
-        return True
+            return "conflict"
+        return "stored"
 
     async def drop(self, scope: str, name: str) -> None:
         """Delete ``name``'s vectors (after the file was deleted); best effort."""

@@ -730,7 +730,7 @@ class KVMemoryStore(KVBackedStore):
                     [ToEmbed(loc.name, version, content, operation_id)]
                 )
             replaces = vector_entry.version if vector_entry is not None else None
-            if await index.store(loc.scope, embedded, loc.name, replaces):
+            if await index.store(loc.scope, embedded, loc.name, replaces) != "conflict":
                 return
 
     @telemetry.traced("memory.reindex")
