@@ -542,7 +542,7 @@ class KVMemoryStore(KVBackedStore):
         await self._settle_indexing(scope)
         if not files:
             return _harness.MemorySearchResult(matches=[], scanned=0, truncated=False)
-        query_vector, indexed = await asyncio.gather(
+        query_vector, (indexed, stored) = await asyncio.gather(
             index.embed_query(query), self._vectors_of(scope, files)
         )
         # Read before the first embedding told the dimension: another dimension's vectors
@@ -557,7 +557,7 @@ class KVMemoryStore(KVBackedStore):
         missing = [(name, record) for name, record in files if name not in indexed]
         if missing:
             texts.update(await self._full_texts(scope, missing))
-            await self._embed_and_store(scope, missing, texts, indexed)
+            await self._embed_and_store(scope, missing, texts, indexed, stored)
         similar = index.best_passages(query_vector, list(indexed.values()))
         threshold = index.config.min_similarity
         semantic = sorted(
@@ -618,20 +618,23 @@ class KVMemoryStore(KVBackedStore):
 
     async def _vectors_of(
         self, scope: str, files: Sequence[tuple[str, FileRecord]]
-    ) -> dict[str, IndexedFile]:
-        """The stored vectors of ``files`` computed from exactly their versions, in one
-        batched read."""
+    ) -> tuple[dict[str, IndexedFile], dict[str, str]]:
+        """The stored vectors of ``files`` computed from exactly their versions, and the KV
+        version of every vector entry found (usable or not: what a new one replaces), in
+        one batched read."""
         index = self._semantic
         assert index is not None
         keys = {index.key(name): (name, record) for name, record in files}
         entries = await self.kv.get_many(scope, list(keys)) if keys else {}
         found: dict[str, IndexedFile] = {}
+        stored: dict[str, str] = {}
         for key, entry in entries.items():
             name, record = keys[key]
+            stored[name] = entry.version
             vectors = index.decode(scope, name, entry.value)
             if vectors is not None and index.usable(vectors, record.version):
                 found[name] = IndexedFile(name, vectors, entry.version)
-        return found
+        return found, stored
 
     async def _full_texts(
         self, scope: str, files: Sequence[tuple[str, FileRecord]]
@@ -648,9 +651,11 @@ class KVMemoryStore(KVBackedStore):
         files: Sequence[tuple[str, FileRecord]],
         texts: Mapping[str, str],
         indexed: dict[str, IndexedFile],
+        stored: Mapping[str, str],
     ) -> None:
         """Embed the versions of ``files`` whose text is in ``texts``, store their vectors
-        (best effort: this search uses them either way) and add them to ``indexed``."""
+        over the entries at the KV versions in ``stored`` (best effort: this search uses
+        them either way) and add them to ``indexed``."""
         index = self._semantic
         assert index is not None
         plan = [
@@ -660,20 +665,17 @@ class KVMemoryStore(KVBackedStore):
         ]
         if not plan:
             return
-        current = await self.kv.get_many(scope, [index.key(p.name) for p in plan])
         computed = await index.embed_files(plan)
         for file, vectors in zip(plan, computed, strict=True):
             indexed[file.name] = IndexedFile(file.name, vectors)
-        stored = await asyncio.gather(
+        outcomes = await asyncio.gather(
             *(
-                index.store(
-                    scope, vectors, file.name, _entry_version(current, index.key(file.name))
-                )
+                index.store(scope, vectors, file.name, stored.get(file.name))
                 for file, vectors in zip(plan, computed, strict=True)
             ),
             return_exceptions=True,
         )
-        for file, outcome in zip(plan, stored, strict=True):
+        for file, outcome in zip(plan, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 logger.warning(
                     "could not store the vectors of memory file %r (%s); they are recomputed "
@@ -757,10 +759,10 @@ class KVMemoryStore(KVBackedStore):
         async def flush() -> None:
             if not batch or batch_scope is None:
                 return
-            found = await self._vectors_of(batch_scope, batch)
+            found, stored = await self._vectors_of(batch_scope, batch)
             missing = [(name, record) for name, record in batch if name not in found]
             texts = await self._full_texts(batch_scope, missing) if missing else {}
-            await self._embed_and_store(batch_scope, missing, texts, found)
+            await self._embed_and_store(batch_scope, missing, texts, found, stored)
             report.files += len(batch)
             report.embedded += sum(1 for name, _ in missing if name in texts)
             report.up_to_date += len(batch) - len(missing)
@@ -1512,11 +1514,6 @@ def _shaped_record(
         metadata_chunks=len(chunks.metadata_pieces) if chunks is not None and shape.metadata else 0,
         receipts=list(receipts),
     )
-
-
-def _entry_version(entries: Mapping[str, Entry], key: str) -> str | None:
-    entry = entries.get(key)
-    return entry.version if entry is not None else None
 
 
 def _token_age(token: str, now: float) -> float:

@@ -67,9 +67,6 @@ class WordLlamaEmbeddingModel(EmbeddingModel):
     def system(self) -> str:
         return "wordllama"
 
-    async def max_input_tokens(self) -> int | None:
-        return None
-
     async def embed(
         self,
         inputs: str | Sequence[str],
