@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .ports import PortContract
     from .semantic import SemanticContract
     from .sessions import SessionContract
+    from .vectors import VectorPortContract
 
 # Every contract is imported on first use: the KV contract works without the optional
 # Pydantic AI dependencies, and the contract's worker processes (``python -m
@@ -35,6 +36,7 @@ _LAZY = {
     "FaultContract": "agent_stores_contract.faults",
     "PortContract": "agent_stores_contract.ports",
     "SemanticContract": "agent_stores_contract.semantic",
+    "VectorPortContract": "agent_stores_contract.vectors",
 }
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "PortContract",
     "SemanticContract",
     "SessionContract",
+    "VectorPortContract",
 ]
 
 

@@ -16,11 +16,14 @@ import asyncio
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import pytest
 import pytest_asyncio
 from agent_stores import KVStore, open_kv
+
+if TYPE_CHECKING:
+    from agent_stores.memory.vector_port import VectorPort
 
 KVFactory = Callable[[], KVStore]
 
@@ -46,6 +49,22 @@ def require_capability(kv: KVStore, capability: str, why: str) -> None:
     """
     if not getattr(kv.capabilities, capability):
         pytest.skip(f"{CAPABILITY_SKIP} {capability}=False ({kv.backend_name}): {why}")
+
+
+async def require_vector_port(kv: KVStore) -> VectorPort:
+    """The backend's native vector port on ``kv``; skips the calling contract test when
+    the backend declares none, or declares it unavailable on the server under test (its
+    ``unavailable()`` reason, e.g. no extension): both listed in the run's summary."""
+    port = kv.ports.vector
+    if port is None:
+        pytest.skip(
+            f"{CAPABILITY_SKIP} vector_port=None ({kv.backend_name}): the generic path serves "
+            "semantic search (checked by the semantic contract)"
+        )
+    reason = await port.unavailable()
+    if reason is not None:
+        pytest.skip(f"{CAPABILITY_SKIP} vector_port unavailable ({kv.backend_name}): {reason}")
+    return port
 
 
 async def wait_until(

@@ -72,7 +72,11 @@ class SemanticContract(ContractBase):
         ) -> KVMemoryStore:
             if generic:
                 options = {"port": KVMemoryPort(kv), **options}
-            search = SearchConfig(mode=mode, embedder=model) if model is not None else None  # type: ignore[arg-type]
+            search = (
+                SearchConfig(mode=mode, embedder=model, native=not generic)  # type: ignore[arg-type]
+                if model is not None
+                else None
+            )
             return KVMemoryStore(kv, **{"scope_prefix": memory_prefix, "search": search, **options})
 
         return make

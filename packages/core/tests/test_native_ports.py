@@ -2,7 +2,8 @@
 
 Stores on a SQLite KV take the SQLite ports by default (the ``*_port`` hooks of the
 builtin plugin), so ``nox -s contract -- sqlite`` runs the native path; the classes here
-run the same contracts with the generic KV ports given explicitly.
+run the same contracts with the generic KV ports given explicitly (and semantic search
+without the sqlite-vec index).
 
 Transactions are counted from SQLite's own statement trace (``set_trace_callback`` on the
 store's connection), never timed.
@@ -25,7 +26,12 @@ from agent_stores.memory import KVMemoryStore
 from agent_stores.memory._harness import MemoryOperation
 from agent_stores.memory.port import KVMemoryPort
 from agent_stores.sessions import KVSessionPort, SessionStore
-from agent_stores_contract import CheckpointerContract, MemoryContract, SessionContract
+from agent_stores_contract import (
+    CheckpointerContract,
+    MemoryContract,
+    SemanticContract,
+    SessionContract,
+)
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 
@@ -43,6 +49,12 @@ class TestSQLiteSessionsGeneric(SQLiteURL, SessionContract):
 
 class TestSQLiteMemoryGeneric(SQLiteURL, MemoryContract):
     """The memory contract on SQLite through the generic KV port."""
+
+    store_path = "generic"
+
+
+class TestSQLiteSemanticGeneric(SQLiteURL, SemanticContract):
+    """The semantic search contract on SQLite through the generic path (no sqlite-vec)."""
 
     store_path = "generic"
 

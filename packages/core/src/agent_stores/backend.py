@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         check_append,
     )
     from .kv.ports import GENERIC_ONLY, NativePorts
+    from .memory.passages import Passage
     from .memory.port import (
         MARKER_VALUE,
         FileWrite,
@@ -68,6 +69,16 @@ if TYPE_CHECKING:
         MemoryPort,
         check_file_write,
     )
+    from .memory.vector_port import NearestFiles, VectorEntry, VectorHit, VectorPort
+    from .memory.vectors import (
+        VECTOR_PREFIX,
+        VectorRecord,
+        model_key,
+        numpy_module,
+        vector_key,
+        vector_scan_prefix,
+    )
+    from .memory.vectors import Matrix as Matrix  # a type alias: for annotations only
     from .sessions import SessionStore
     from .sessions.port import (
         GENERIC,
@@ -145,6 +156,22 @@ _LAZY = {
         ],
         "agent_stores.memory.port",
     ),
+    "Passage": "agent_stores.memory.passages",
+    **dict.fromkeys(
+        ["NearestFiles", "VectorEntry", "VectorHit", "VectorPort"],
+        "agent_stores.memory.vector_port",
+    ),
+    **dict.fromkeys(
+        [
+            "VECTOR_PREFIX",
+            "VectorRecord",
+            "model_key",
+            "numpy_module",
+            "vector_key",
+            "vector_scan_prefix",
+        ],
+        "agent_stores.memory.vectors",
+    ),
     **dict.fromkeys(
         [
             "AppendOutcome",
@@ -178,6 +205,7 @@ __all__ = [
     "MASK",
     "MIN_VALUE_BYTES",
     "STATE_KEY",
+    "VECTOR_PREFIX",
     "WAITER_KEY",
     "AcquireReply",
     "AcquireRequest",
@@ -212,7 +240,9 @@ __all__ = [
     "Lease",
     "MemoryPort",
     "NativePorts",
+    "NearestFiles",
     "Operation",
+    "Passage",
     "RecordError",
     "RegisterBackend",
     "Replace",
@@ -227,6 +257,10 @@ __all__ = [
     "UnknownOptionError",
     "UnsupportedError",
     "ValueTooLargeError",
+    "VectorEntry",
+    "VectorHit",
+    "VectorPort",
+    "VectorRecord",
     "acquired_header",
     "acquired_state",
     "check_append",
@@ -237,8 +271,12 @@ __all__ = [
     "encode_state",
     "fresh_state",
     "hookimpl",
+    "model_key",
     "new_version",
+    "numpy_module",
     "prefix_upper_bound",
     "redact",
+    "vector_key",
+    "vector_scan_prefix",
     "within_deadline",
 ]

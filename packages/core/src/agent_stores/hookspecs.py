@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .faults import FaultInjector
     from .kv.base import KVStore
     from .memory.port import MemoryPort
+    from .memory.vector_port import VectorPort
     from .sessions.port import SessionPort
     from .url import StoreURL
 
@@ -106,6 +107,17 @@ def journal_port(kv: KVStore) -> JournalPort | None:
 
     Asked by every checkpointer and step store built without an explicit ``port``. The
     checkpointer contract must pass unchanged over it.
+    """
+
+
+@hookspec(firstresult=True)
+def vector_port(kv: KVStore) -> VectorPort | None:
+    """Return this backend's native :class:`~agent_stores.memory.vector_port.VectorPort` for ``kv``, or None.
+
+    Asked when a :class:`~agent_stores.memory.KVMemoryStore` opened with a semantic or
+    hybrid search is built without an explicit ``vector_port``. The port keeps a derived
+    index the store can rebuild at any time; the semantic contract must pass unchanged
+    over it, and the vector port contract checks its answers against exact scoring.
     """
 
 

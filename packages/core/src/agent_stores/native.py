@@ -4,7 +4,7 @@ A KV store's :attr:`~agent_stores.kv.base.KVStore.ports` are resolved once per s
 store whose builder set them (a wrapper such as :class:`~agent_stores.kv.counting.CountingKV`
 carries its inner store's; a user may set them) keeps them; otherwise :func:`ports_of`,
 installed here as the KV layer's resolver, asks the plugins' ``session_port``,
-``memory_port`` and ``journal_port`` hooks — when :func:`agent_stores.open_kv` opens the
+``memory_port``, ``journal_port`` and ``vector_port`` hooks — when :func:`agent_stores.open_kv` opens the
 store (:func:`resolve_ports`), or when a store on a KV store constructed directly first
 reads them. The stores read ``kv.ports`` and never ask the plugins themselves.
 """
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .checkpointer.port import JournalPort
     from .kv.base import KVStore
     from .memory.port import MemoryPort
+    from .memory.vector_port import VectorPort
     from .sessions.port import SessionPort
 
 __all__ = ["NativePorts", "ports_of", "resolve_ports"]
@@ -61,9 +62,17 @@ def journal_port(kv: KVStore) -> JournalPort | None:
     return cast("JournalPort | None", port)
 
 
+def vector_port(kv: KVStore) -> VectorPort | None:
+    """The native vector port the plugins offer for ``kv``, or None."""
+    from .memory.vector_port import VectorPort
+
+    port = _checked("vector_port", get_registry().hook.vector_port(kv=kv), VectorPort)
+    return cast("VectorPort | None", port)
+
+
 def ports_of(kv: KVStore) -> NativePorts:
     """Every native port the plugins offer for ``kv``."""
-    return NativePorts(session_port(kv), memory_port(kv), journal_port(kv))
+    return NativePorts(session_port(kv), memory_port(kv), journal_port(kv), vector_port(kv))
 
 
 def resolve_ports(kv: KVStore) -> KVStore:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ..faults import FaultInjector
     from ..kv.base import KVStore
     from ..memory.port import MemoryPort
+    from ..memory.vector_port import VectorPort
     from ..sessions.port import SessionPort
     from ..url import StoreURL
     from .sqlite import SQLiteKV
@@ -64,6 +65,17 @@ def memory_port(kv: KVStore) -> MemoryPort | None:
     from .sqlite_ports import SQLiteMemoryPort
 
     return SQLiteMemoryPort(sqlite_kv)
+
+
+@hookimpl
+def vector_port(kv: KVStore) -> VectorPort | None:
+    """The sqlite-vec vector port (beside the KV table, in the same file) for a SQLite KV."""
+    sqlite_kv = _sqlite(kv)
+    if sqlite_kv is None:
+        return None
+    from .sqlite_vectors import SQLiteVectorPort
+
+    return SQLiteVectorPort(sqlite_kv)
 
 
 @hookimpl

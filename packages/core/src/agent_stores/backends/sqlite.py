@@ -139,6 +139,16 @@ class SQLiteKV(KVStore):
         # Held by whoever uses the connection: the worker thread, or the event loop's
         # thread running a statement inline (see _run).
         self._conn_lock = threading.Lock()
+        self._closers: list[Callable[[], None]] = []
+
+    @property
+    def busy_timeout_ms(self) -> int:
+        """Milliseconds a statement waits for another connection's write lock."""
+        return self._busy_timeout_ms
+
+    def close_with(self, close: Callable[[], None]) -> None:
+        """Call ``close`` when this store closes (a port's own connection to the file)."""
+        self._closers.append(close)
 
     @classmethod
     def from_url(cls, url: StoreURL, **options: Any) -> SQLiteKV:
@@ -317,6 +327,12 @@ class SQLiteKV(KVStore):
                 detail=f"{self.describe()}: database error: {exc}"
             ) from exc
 
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` (statements that only read) on the store's connection, outside any
+        transaction. For the native ports of the stores."""
+        self.check_open()
+        return await self._run(fn)
+
     async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction on the worker thread (one
         commit; rolled back when ``fn`` raises). For the native ports of the stores."""
@@ -371,6 +387,9 @@ class SQLiteKV(KVStore):
         return cls._replace_in(c, scope, key, value, expected, expires_at, now)
 
     async def _aclose(self) -> None:
+        for close_port in self._closers:
+            close_port()
+        self._closers.clear()
         executor = self._executor
         if executor is None:
             return

@@ -79,6 +79,7 @@ async def _check(kv: KVStore, shown: str, *, rounds: int, write: bool, run_setup
     click.echo(f"  read round trip: {_spread(reads)}")
     if write:
         await _write_probe(kv, scope, rounds)
+    await _vector_index(kv, probe=write or run_setup)
     for warning in await _warnings(kv):
         click.secho(f"  warning: {warning}", fg="yellow")
     click.secho("  ok", fg="green")
@@ -116,6 +117,32 @@ async def _write_probe(kv: KVStore, scope: str, rounds: int) -> None:
                         f"({exc.code}); it expires within 5 minutes",
                         fg="yellow",
                     )
+
+
+async def _vector_index(kv: KVStore, *, probe: bool) -> None:
+    """Say which index memory search by meaning uses here: the backend's native one, or
+    the generic path and why. Probing may create the index's tables (or the database
+    extension), so only with --write or --setup."""
+    port = kv.ports.vector
+    if port is None:
+        click.echo(
+            "  memory search by meaning: generic path (this backend has no native vector index)"
+        )
+        return
+    if not probe:
+        click.echo(
+            f"  memory search by meaning: {port.name} offered, not probed (it creates its "
+            "tables on first use; --setup or --write probes it)"
+        )
+        return
+    reason = await port.unavailable()
+    if reason is None:
+        click.echo(f"  memory search by meaning: native {port.name} index")
+    else:
+        click.secho(
+            f"  memory search by meaning: generic path, {port.name} unavailable: {reason}",
+            fg="yellow",
+        )
 
 
 def _spread(timings: list[float]) -> str:

@@ -10,12 +10,14 @@ its inner store's native ports (:attr:`~agent_stores.kv.base.KVStore.ports`) ins
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from ..checkpointer.port import AppendOutcome, AppendRequest, JournalPort
     from ..memory.port import FileWrite, MemoryPort
+    from ..memory.vector_port import NearestFiles, VectorEntry, VectorPort
+    from ..memory.vectors import Matrix
     from ..sessions.port import AcquireReply, AcquireRequest, SaveRequest, SessionPort
     from .base import Entry, KVStore
     from .ports import NativePorts
@@ -114,6 +116,79 @@ class CarriedJournalPort:
         )
 
 
+class CarriedVectorPort:
+    """A native vector port whose calls pass a :class:`PortGate`."""
+
+    def __init__(self, inner: VectorPort, gate: PortGate) -> None:
+        self.inner = inner
+        self.gate = gate
+        self.name = inner.name
+
+    async def unavailable(self) -> str | None:
+        return await self.inner.unavailable()
+
+    async def upsert(self, scope: str, model: str, files: Sequence[VectorEntry]) -> None:
+        sent = sum(0 if f.vectors is None else f.vectors.vectors.nbytes for f in files)
+        key = files[0].name if files else ""
+        await self.gate.through_port(
+            "vectors.upsert",
+            lambda: self.inner.upsert(scope, model, files),
+            write=True,
+            sent=sent,
+            key=key,
+        )
+
+    async def remove(self, scope: str, model: str, names: Sequence[str]) -> None:
+        key = names[0] if names else ""
+        await self.gate.through_port(
+            "vectors.remove",
+            lambda: self.inner.remove(scope, model, names),
+            write=True,
+            sent=0,
+            key=key,
+        )
+
+    async def unindexed(
+        self, scope: str, model: str, key_prefix: str, below: str, limit: int
+    ) -> list[str]:
+        return await self.gate.through_port(
+            "vectors.unindexed",
+            lambda: self.inner.unindexed(scope, model, key_prefix, below, limit),
+            write=False,
+            sent=0,
+            key=key_prefix,
+        )
+
+    async def nearest(
+        self,
+        scope: str,
+        model: str,
+        query: Matrix,
+        *,
+        key_prefix: str,
+        limit: int,
+        max_files: int,
+    ) -> NearestFiles:
+        return await self.gate.through_port(
+            "vectors.nearest",
+            lambda: self.inner.nearest(
+                scope, model, query, key_prefix=key_prefix, limit=limit, max_files=max_files
+            ),
+            write=False,
+            sent=0,
+            key=key_prefix,
+        )
+
+    async def drop_scope(self, scope: str) -> None:
+        await self.gate.through_port(
+            "vectors.drop_scope",
+            lambda: self.inner.drop_scope(scope),
+            write=True,
+            sent=0,
+            key="",
+        )
+
+
 def carry_ports(inner: KVStore, gate: PortGate) -> NativePorts:
     """``inner``'s native ports, each routed through ``gate`` (None where it has none)."""
     from .ports import NativePorts
@@ -123,4 +198,5 @@ def carry_ports(inner: KVStore, gate: PortGate) -> NativePorts:
         None if found.session is None else CarriedSessionPort(found.session, gate),
         None if found.memory is None else CarriedMemoryPort(found.memory, gate),
         None if found.journal is None else CarriedJournalPort(found.journal, gate),
+        None if found.vector is None else CarriedVectorPort(found.vector, gate),
     )

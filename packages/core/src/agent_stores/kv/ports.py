@@ -4,7 +4,7 @@ core's generic algorithms.
 A KV store's :attr:`~agent_stores.kv.base.KVStore.ports` is resolved once per store: by
 whoever builds it (a wrapper carries its inner store's ports, :mod:`agent_stores.kv.carried`;
 a user may set them), else by the selection layer's resolver (:mod:`agent_stores.native`,
-which asks the plugins' ``session_port``/``memory_port``/``journal_port`` hooks) when the
+which asks the plugins' ``session_port``/``memory_port``/``journal_port``/``vector_port`` hooks) when the
 store is opened or first asked. The stores only read ``kv.ports``, and this module only
 holds the resolver the selection layer installs, so no store and no KV module depends on
 the plugin registry.
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..checkpointer.port import JournalPort
     from ..memory.port import MemoryPort
+    from ..memory.vector_port import VectorPort
     from ..sessions.port import SessionPort
     from .base import KVStore
 
@@ -30,6 +31,7 @@ class NativePorts:
     session: SessionPort | None = None
     memory: MemoryPort | None = None
     journal: JournalPort | None = None
+    vector: VectorPort | None = None
 
 
 #: No native port at all: every store runs the core's generic algorithms.

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pydantic_ai.embeddings import Embedder, EmbeddingModel
 
     from ..damage import ProblemLog
+    from .vector_port import VectorEntry, VectorPort
     from .vectors import Matrix
 
 logger = logging.getLogger("agent_stores.memory")
@@ -69,6 +70,8 @@ class SearchConfig:
         min_similarity: semantic matches below this cosine similarity are left out.
         rrf_k: the constant of reciprocal-rank fusion (hybrid).
         embed_batch: texts sent per embedding request.
+        native: use the backend's native vector index (its ``vector_port``) where it
+            has one and it is available; False: always the generic path.
     """
 
     mode: SearchMode = "lexical"
@@ -77,6 +80,7 @@ class SearchConfig:
     min_similarity: float = 0.0
     rrf_k: int = DEFAULT_RRF_K
     embed_batch: int = DEFAULT_EMBED_BATCH
+    native: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in SEARCH_MODES:
@@ -148,6 +152,33 @@ class SemanticIndex:
         self.requests = 0
         #: texts embedded as documents
         self.documents_embedded = 0
+        self._port: VectorPort | None = kv.ports.vector if config.native else None
+        self._port_checked = False
+
+    async def native(self) -> VectorPort | None:
+        """The backend's vector port when there is one and it can be used (asked once)."""
+        port = self._port
+        if port is not None and not self._port_checked:
+            if await port.unavailable() is not None:
+                self._port = port = None
+            self._port_checked = True
+        return port
+
+    async def mirror(self, scope: str, files: Sequence[VectorEntry]) -> None:
+        """Hand ``files`` to the native index, if any; best effort (a search repairs)."""
+        port = await self.native()
+        if port is None or not files:
+            return
+        try:
+            await port.upsert(scope, self.model, files)
+        except Exception as exc:
+            logger.warning(
+                "could not update the %s index of %d memory file(s) (%s); the next "
+                "search repairs it",
+                port.name,
+                len(files),
+                redact(str(exc)),
+            )
 
     @property
     def model(self) -> str:
@@ -293,11 +324,12 @@ class SemanticIndex:
 
     async def store(
         self, scope: str, record: VectorRecord, name: str, replaces: str | None
-    ) -> Literal["stored", "conflict", "too-large"]:
+    ) -> tuple[Literal["stored", "conflict", "too-large"], str | None]:
         """Write ``record`` as ``name``'s vectors over the entry at ``replaces`` (None:
-        absent). ``"conflict"`` when another writer changed the entry first (it wins: it
-        was computed from the same version or a newer one, and a search re-checks
-        anyway); ``"too-large"`` (logged) when the record does not fit one value."""
+        absent), and say how it went with the new entry's KV version: ``"stored"``;
+        ``"conflict"`` when another writer changed the entry first (it wins: it was
+        computed from the same version or a newer one, and a search re-checks anyway);
+        ``"too-large"`` (logged) when the record does not fit one value."""
         key = self.key(name)
         value = record.dump()
         if len(value) > self.kv.limits.max_value_bytes:
@@ -306,19 +338,22 @@ class SemanticIndex:
             logger.warning(
                 "vectors of memory file %r do not fit one stored value (%d bytes)", name, len(value)
             )
-            return "too-large"
+            return "too-large", None
         try:
             if replaces is None:
-                await self.kv.create(scope, key, value)
+                version = await self.kv.create(scope, key, value)
             else:
-                await self.kv.replace(scope, key, value, expected_version=replaces)
+                version = await self.kv.replace(scope, key, value, expected_version=replaces)
         except ConflictError:
-            return "conflict"
-        return "stored"
+            return "conflict", None
+        return "stored", version
 
     async def drop(self, scope: str, name: str) -> None:
         """Delete ``name``'s vectors (after the file was deleted); best effort."""
         try:
+            port = await self.native()
+            if port is not None:
+                await port.remove(scope, self.model, [name])
             await self.kv.delete(scope, self.key(name))
         except Exception as exc:
             logger.warning(

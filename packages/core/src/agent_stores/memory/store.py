@@ -61,6 +61,7 @@ from .semantic import (
     cut_snippet,
     reciprocal_rank_fusion,
 )
+from .vector_port import VectorEntry
 from .vectors import VECTOR_PREFIX
 
 if TYPE_CHECKING:
@@ -88,6 +89,11 @@ MIN_RECORD_BYTES = 1024
 _MAX_CAS_ROUNDS = 64
 # A reader that finds the chunks of the version it read already replaced re-reads the record.
 _MAX_READ_ROUNDS = 16
+#: Indexings of written files one store runs at once (the others wait their turn).
+_INDEXING_CONCURRENCY = 4
+#: Times a native search brings the vector index up to date and asks it, before the
+#: generic path answers (only concurrent writes to the files found make it ask again).
+_NATIVE_ROUNDS = 3
 # Paths whose last seen record a store remembers (for writes without a read first).
 _KNOWN_RECORDS = 4096
 
@@ -242,6 +248,9 @@ class KVMemoryStore(KVBackedStore):
         # Indexing after a write runs beside the caller; a search waits for the ones of
         # its directory so it never embeds a version twice.
         self._indexing: dict[asyncio.Task[None], str] = {}
+        self._indexing_gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        # Directory scopes whose native index lagged too far (said once each).
+        self._backlogged: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
@@ -441,6 +450,20 @@ class KVMemoryStore(KVBackedStore):
         directory, _, key_prefix = prefix.rpartition("/")
         scope = self._scope(directory)
         base = f"{directory}/" if directory else ""
+        if mode == "semantic":
+            native = await self._search_native(
+                scope,
+                base,
+                prefix,
+                key_prefix,
+                query,
+                limit=limit,
+                max_files=max_files,
+                max_chars=max_chars,
+                max_file_chars=max_file_chars,
+            )
+            if native is not None:
+                return native
         selected = await self._search_candidates(scope, base, key_prefix, max_files)
         if mode != "lexical":
             return await self._search_by_meaning(
@@ -616,6 +639,144 @@ class KVMemoryStore(KVBackedStore):
             truncated = True
         return _harness.MemorySearchResult(matches=matches, scanned=len(files), truncated=truncated)
 
+    async def _search_native(
+        self,
+        scope: str,
+        base: str,
+        prefix: str,
+        key_prefix: str,
+        query: str,
+        *,
+        limit: int,
+        max_files: int,
+        max_chars: int,
+        max_file_chars: int,
+    ) -> MemorySearchResult | None:
+        """:meth:`_search_by_meaning` answered by the backend's vector index; None when
+        there is none, or it cannot be brought up to date within this search (more than
+        ``max_files`` files to index, or it keeps disagreeing with the files under
+        concurrent writes): the generic path then answers."""
+        index = self._semantic
+        assert index is not None
+        port = await index.native()
+        if port is None:
+            return None
+        await self._settle_indexing(scope)
+        query_vector = await index.embed_query(query)
+        for _ in range(_NATIVE_ROUNDS):
+            synced = 0
+            while names := await port.unindexed(
+                scope, index.model, key_prefix, INTERNAL_KEY_MARK, self._page_size
+            ):
+                synced += len(names)
+                if synced > max_files + self._page_size:
+                    self._backlog(scope, port.name)
+                    return None
+                await self._sync_native(scope, base, names)
+            nearest = await port.nearest(
+                scope,
+                index.model,
+                query_vector,
+                key_prefix=key_prefix,
+                limit=limit + 1,
+                max_files=max_files,
+            )
+            threshold = index.config.min_similarity
+            hits = [hit for hit in nearest.hits if hit.similarity > threshold]
+            entries = await self.kv.get_many(scope, [hit.name for hit in hits]) if hits else {}
+            records: dict[str, FileRecord] = {}
+            stale: list[str] = list(nearest.stale)
+            for hit in hits:
+                record = self._live_file(scope, base, hit.name, entries.get(hit.name))
+                if record is None or record.version != hit.file_version:
+                    stale.append(hit.name)
+                else:
+                    records[hit.name] = record
+            top = [hit for hit in hits if hit.name in records][:limit]
+            texts = await self._full_texts(scope, [(hit.name, records[hit.name]) for hit in top])
+            stale += [hit.name for hit in top if hit.name not in texts]
+            if stale:
+                # Written since the index was brought up to date: forget, and ask again.
+                await port.remove(scope, index.model, stale)
+                continue
+            matches = []
+            remaining = max_chars
+            truncated = nearest.more or len(hits) > limit
+            for hit in top:
+                path = base + hit.name
+                source = texts[hit.name][hit.passage.start : hit.passage.end]
+                visible = path.removeprefix(prefix)
+                available = remaining - len(visible)
+                if available <= 0:
+                    truncated = True
+                    break
+                snippet = cut_snippet(source, min(available, max_file_chars))
+                matches.append(
+                    _harness.MemorySearchMatch(path=path, snippet=snippet, score=hit.similarity)
+                )
+                remaining -= len(visible) + len(snippet)
+            return _harness.MemorySearchResult(
+                matches=matches, scanned=nearest.considered, truncated=truncated
+            )
+        return None
+
+    def _backlog(self, scope: str, index_name: str) -> None:
+        """Say once per directory that its native index lags too far for a search to fill
+        it (a copied or imported namespace, files written without an embedder)."""
+        if scope in self._backlogged:
+            return
+        self._backlogged.add(scope)
+        logger.warning(
+            "the %s index of memory directory scope %r lacks more files than one search "
+            "indexes; searches there use the generic path until `agent-stores memory URL "
+            "reindex` (or memory.reindex()) fills it",
+            index_name,
+            scope,
+        )
+
+    async def _sync_native(self, scope: str, base: str, names: Sequence[str]) -> None:
+        """Bring the vector index's entries of ``names`` (keys of ``scope``) up to date
+        with their records: reuse the stored vectors of a file's version, else embed and
+        store them; a tombstone or directory marker is recorded as not searchable."""
+        index = self._semantic
+        assert index is not None
+        entries = await self.kv.get_many(scope, [*names, *(index.key(name) for name in names)])
+        ready: list[VectorEntry] = []
+        missing: list[tuple[str, FileRecord]] = []
+        kv_versions: dict[str, str] = {}
+        stored: dict[str, str] = {}
+        for name in names:
+            entry = entries.get(name)
+            if entry is None:
+                continue  # gone since: no longer listed
+            record = (
+                None if name.endswith(MARKER_SUFFIX) else self._live_file(scope, base, name, entry)
+            )
+            if record is None:
+                ready.append(VectorEntry(name, entry.version, None))
+                continue
+            vector_entry = entries.get(index.key(name))
+            existing = (
+                index.decode(scope, name, vector_entry.value) if vector_entry is not None else None
+            )
+            if index.usable(existing, record.version):
+                assert existing is not None and vector_entry is not None
+                ready.append(VectorEntry(name, entry.version, existing, vector_entry.version))
+                continue
+            kv_versions[name] = entry.version
+            if vector_entry is not None:
+                stored[name] = vector_entry.version
+            missing.append((name, record))
+        if missing:
+            computed: dict[str, IndexedFile] = {}
+            texts = await self._full_texts(scope, missing)
+            await self._embed_and_store(scope, missing, texts, computed, stored)
+            ready += [
+                VectorEntry(name, kv_versions[name], found.record, found.entry_version)
+                for name, found in computed.items()
+            ]
+        await index.mirror(scope, ready)
+
     async def _vectors_of(
         self, scope: str, files: Sequence[tuple[str, FileRecord]]
     ) -> tuple[dict[str, IndexedFile], dict[str, str]]:
@@ -676,7 +837,9 @@ class KVMemoryStore(KVBackedStore):
             return_exceptions=True,
         )
         for file, outcome in zip(plan, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
+            if not isinstance(outcome, BaseException):
+                indexed[file.name].entry_version = outcome[1]
+            else:
                 logger.warning(
                     "could not store the vectors of memory file %r (%s); they are recomputed "
                     "when next needed",
@@ -687,9 +850,19 @@ class KVMemoryStore(KVBackedStore):
     # -- indexing -------------------------------------------------------------------------
 
     def _in_background(self, scope: str, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        task = asyncio.get_running_loop().create_task(self._gated(work))
         self._indexing[task] = scope
         task.add_done_callback(self._indexing_done)
+
+    async def _gated(self, work: Coroutine[Any, Any, None]) -> None:
+        # A burst of writes must not start as many indexings at once: each holds a
+        # connection of the client's pool for its reads, its write and the native
+        # index's update, and the writes themselves need connections too.
+        loop = asyncio.get_running_loop()
+        if self._indexing_gate is None or self._indexing_gate[0] is not loop:
+            self._indexing_gate = (loop, asyncio.Semaphore(_INDEXING_CONCURRENCY))
+        async with self._indexing_gate[1]:
+            await work
 
     def _indexing_done(self, task: asyncio.Task[None]) -> None:
         self._indexing.pop(task, None)
@@ -725,14 +898,24 @@ class KVMemoryStore(KVBackedStore):
             existing = (
                 index.decode(loc.scope, loc.name, vector_entry.value) if vector_entry else None
             )
+            assert file_entry is not None
             if index.usable(existing, version):
+                assert existing is not None and vector_entry is not None
+                await index.mirror(
+                    loc.scope,
+                    [VectorEntry(loc.name, file_entry.version, existing, vector_entry.version)],
+                )
                 return
             if embedded is None:
                 [embedded] = await index.embed_files(
                     [ToEmbed(loc.name, version, content, operation_id)]
                 )
             replaces = vector_entry.version if vector_entry is not None else None
-            if await index.store(loc.scope, embedded, loc.name, replaces) != "conflict":
+            outcome, stored_as = await index.store(loc.scope, embedded, loc.name, replaces)
+            if outcome != "conflict":
+                await index.mirror(
+                    loc.scope, [VectorEntry(loc.name, file_entry.version, embedded, stored_as)]
+                )
                 return
 
     @telemetry.traced("memory.reindex")
@@ -754,6 +937,7 @@ class KVMemoryStore(KVBackedStore):
             validate_store_path(directory)
         report = ReindexReport()
         batch: list[tuple[str, FileRecord]] = []
+        kv_versions: dict[str, str] = {}
         batch_scope: str | None = None
 
         async def flush() -> None:
@@ -763,11 +947,22 @@ class KVMemoryStore(KVBackedStore):
             missing = [(name, record) for name, record in batch if name not in found]
             texts = await self._full_texts(batch_scope, missing) if missing else {}
             await self._embed_and_store(batch_scope, missing, texts, found, stored)
+            await index.mirror(
+                batch_scope,
+                [
+                    VectorEntry(
+                        name, kv_versions[name], found[name].record, found[name].entry_version
+                    )
+                    for name, _ in batch
+                    if name in found
+                ],
+            )
             report.files += len(batch)
             report.embedded += sum(1 for name, _ in missing if name in texts)
             report.up_to_date += len(batch) - len(missing)
             report.skipped += [name for name, _ in missing if name not in texts]
             batch.clear()
+            kv_versions.clear()
             if progress is not None:
                 progress(report)
 
@@ -787,6 +982,8 @@ class KVMemoryStore(KVBackedStore):
                         await flush()
                         batch_scope = scope
                     batch.append((item.key, record))
+                    if item.entry is not None:
+                        kv_versions[item.key] = item.entry.version
                     if len(batch) >= batch_files:
                         await flush()
         await flush()
