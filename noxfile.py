@@ -136,7 +136,24 @@ BACKENDS: dict[
 
 # A backend's further targets beside its own name: each can be excluded on its own
 # (``AGENT_STORES_CONTRACT_EXCLUDE=redis-cluster`` runs standalone Redis only).
-SECOND_TARGETS = {"memory-small-items": "memory", "redis-cluster": "redis"}
+SECOND_TARGETS = {"memory-small-items": "memory", "redis-cluster": "redis", "pgvector": "postgres"}
+
+# Targets that run only part of the suite. ``pgvector`` is the postgres backend again, on
+# a PostgreSQL that has the extension (its whole suite runs on the ``postgres`` target):
+# there it proves the native vector index.
+PARTIAL_TARGETS = {"pgvector": ("test_semantic", "test_vectors")}
+FULL_SUITE = "agent_stores_contract.suite"
+
+
+def _suite_parts(label: str, suite: str) -> list[str]:
+    """The suite modules to run on target ``label`` for ``suite``."""
+    partial = PARTIAL_TARGETS.get(label)
+    if partial is None:
+        return [suite]
+    if suite == FULL_SUITE:
+        return [f"{suite}.{module}" for module in partial]
+    return [suite] if suite.rsplit(".", 1)[-1] in partial else []
+
 
 # Third-party backends kept in this repository as worked examples (docs/plugins.md,
 # "Worked example"): label -> (distribution folder, URL). ``nox -s contract`` runs each like
@@ -382,7 +399,10 @@ def _contract_on_backend(
                 if label in excluded:
                     continue
                 try:
-                    _run_contract(session, label, url, pytest_args, env=pytest_env, suite=suite)
+                    for part in _suite_parts(label, suite):
+                        _run_contract(
+                            session, label, url, pytest_args, env=pytest_env, suite=part
+                        )
                     outcomes["passed"].append(label)
                 except nox.command.CommandFailed:
                     outcomes["failed"].append(label)
@@ -715,6 +735,8 @@ def bench(session: nox.Session) -> None:
                 session.warn(f"no {name} server here: skipping its rows")
                 continue
             env[f"AGENT_STORES_BENCH_{name.upper()}"] = found[name]
+            if "pgvector" in found:
+                env["AGENT_STORES_BENCH_PGVECTOR"] = found["pgvector"]
         markdown = [] if quick else ["--markdown", "docs/benchmarks.md"]
         session.run(python, "benchmarks/side_by_side.py", *quick, *markdown, external=True, env=env)
         session.run("python", "benchmarks/run.py", *quick, *args, env=env)

@@ -26,6 +26,7 @@ As a library (load it by path)::
 As a command (state kept in ``.servers/postgres/`` at the repository root)::
 
     python scripts/servers/postgres.py start [--machine]     # prints the export line
+    python scripts/servers/postgres.py start --pgvector      # PostgreSQL 16 with pgvector
     python scripts/servers/postgres.py url                   # AGENT_STORES_TEST_POSTGRES_URL=…
     python scripts/servers/postgres.py stop
 """
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 URL_ENV = "AGENT_STORES_TEST_POSTGRES_URL"
+PGVECTOR_URL_ENV = "AGENT_STORES_TEST_PGVECTOR_URL"
 BIN_ENV = "AGENT_STORES_PG_BIN"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_DIR = REPO_ROOT / ".servers" / "postgres"
@@ -201,12 +203,57 @@ def _as_owner(argv: list[str]) -> list[str]:
     return argv
 
 
+# -- PostgreSQL with pgvector ---------------------------------------------------------------
+
+#: pgserver's wheel carries PostgreSQL 16 binaries with pgvector 0.6.2: the one registry
+#: package that gives this machine (Debian's PostgreSQL 15 has no pgvector) a server with
+#: the extension, offline once installed. Only its binaries are used.
+PGSERVER = "pgserver==0.1.4"
+PGVECTOR_BIN_ENV = "AGENT_STORES_PGVECTOR_BIN"
+#: Set (``.ci/run`` does) to fail instead of running without the pgvector cluster.
+REQUIRE_PGVECTOR_ENV = "AGENT_STORES_REQUIRE_PGVECTOR"
+# Outside the checkout: the postgres user must read the binaries, and a fresh clone lives
+# in a directory only root may enter.
+PGSERVER_HOME = Path(tempfile.gettempdir()) / "agent-stores-pgserver-0.1.4"
+
+
+def pgvector_bin() -> str:
+    """The bin directory of a PostgreSQL with pgvector: ``$AGENT_STORES_PGVECTOR_BIN``, else
+    pgserver's, installed on first use (pip, else uv) into a shared folder."""
+    configured = os.environ.get(PGVECTOR_BIN_ENV)
+    if configured:
+        return configured
+    bin_dir = PGSERVER_HOME / "pgserver" / "pginstall" / "bin"
+    if not (bin_dir / "postgres").is_file():
+        PGSERVER_HOME.mkdir(parents=True, exist_ok=True)
+        PGSERVER_HOME.chmod(0o755)
+        target = ["--no-deps", "--target", str(PGSERVER_HOME), PGSERVER]
+        attempts = [[sys.executable, "-m", "pip", "install", "--quiet", *target]]
+        if shutil.which("uv"):
+            attempts.append(["uv", "pip", "install", "--quiet", "--python", sys.executable, *target])
+        errors = []
+        for argv in attempts:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+            if proc.returncode == 0 and (bin_dir / "postgres").is_file():
+                break
+            errors.append(f"{' '.join(argv[:4])}: {proc.stderr.strip()[-300:]}")
+        else:
+            raise ServerError(f"could not install {PGSERVER}: " + "; ".join(errors))
+    return str(bin_dir)
+
+
 @dataclass
 class Cluster:
-    """A private PostgreSQL cluster in ``directory`` listening on ``port``."""
+    """A private PostgreSQL cluster in ``directory`` listening on ``port`` (binaries from
+    ``bin_dir``, else :func:`pg_bin`'s)."""
 
     directory: Path
     port: int
+    bin_dir: str | None = None
+
+    def bin(self, name: str) -> str:
+        """Path of the server binary ``name`` this cluster runs."""
+        return str(Path(self.bin_dir) / name) if self.bin_dir else pg_bin(name)
 
     @property
     def datadir(self) -> Path:
@@ -240,7 +287,7 @@ class Cluster:
             os.chown(self.directory, owner.pw_uid, owner.pw_gid)
         self._run(
             [
-                pg_bin("initdb"),
+                self.bin("initdb"),
                 "-D",
                 str(self.datadir),
                 "-U",
@@ -269,7 +316,7 @@ class Cluster:
         )
         self._run(
             [
-                pg_bin("pg_ctl"),
+                self.bin("pg_ctl"),
                 "-D",
                 str(self.datadir),
                 "-l",
@@ -290,7 +337,7 @@ class Cluster:
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (``fast``: disconnect clients, clean shutdown)."""
-        self._run([pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"])
+        self._run([self.bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"])
 
     def restart(self) -> None:
         """Stop and start again on the same port and data (clients are disconnected)."""
@@ -300,7 +347,7 @@ class Cluster:
     def running(self) -> bool:
         """True while the postmaster runs."""
         proc = subprocess.run(
-            _as_owner([pg_bin("pg_ctl"), "-D", str(self.datadir), "status"]),
+            _as_owner([self.bin("pg_ctl"), "-D", str(self.datadir), "status"]),
             capture_output=True,
             check=False,
         )
@@ -314,12 +361,12 @@ class Cluster:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_cluster(directory: Path | None = None) -> Cluster:
+def start_cluster(directory: Path | None = None, bin_dir: str | None = None) -> Cluster:
     """Initialise and start a throwaway cluster on a free port."""
     base = Path(tempfile.mkdtemp(prefix="agent-stores-pg-")) if directory is None else directory
     last: Exception | None = None
     for _ in range(3):  # a free port may be taken between probing and binding
-        cluster = Cluster(base, free_port())
+        cluster = Cluster(base, free_port(), bin_dir)
         try:
             if not cluster.datadir.exists():
                 cluster.init()
@@ -353,17 +400,42 @@ def postgres_server(*, throwaway: bool = True) -> Iterator[dict[str, str]]:
     A private throwaway cluster; ``throwaway=False`` uses a new database on the machine's
     server instead (only when a caller asks for it).
     """
-    if not throwaway:
-        with fresh_database() as url:
-            yield {"postgres": url}
-    else:
-        with throwaway_cluster() as cluster:
-            yield {"postgres": cluster.url()}
+    with contextlib.ExitStack() as stack:
+        if not throwaway:
+            urls = {"postgres": stack.enter_context(fresh_database())}
+        else:
+            urls = {"postgres": stack.enter_context(throwaway_cluster()).url()}
+        pgvector = stack.enter_context(pgvector_cluster())
+        if pgvector is not None:
+            urls["pgvector"] = pgvector.url()
+        yield urls
+
+
+@contextlib.contextmanager
+def pgvector_cluster() -> Iterator[Cluster | None]:
+    """A throwaway cluster of a PostgreSQL with pgvector (:func:`pgvector_bin`); None, with
+    a warning, when none can be had here (an error if ``$AGENT_STORES_REQUIRE_PGVECTOR``)."""
+    try:
+        cluster = start_cluster(bin_dir=pgvector_bin())
+    except (ServerError, OSError, subprocess.SubprocessError) as exc:
+        if os.environ.get(REQUIRE_PGVECTOR_ENV):
+            raise
+        print(f"warning: no PostgreSQL with pgvector here ({exc}); its target is left out",
+              file=sys.stderr)
+        yield None
+        return
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
 
 
 def env_for(urls: dict[str, str]) -> dict[str, str]:
     """The environment variables the test suites read."""
-    return {URL_ENV: urls["postgres"]}
+    found = {URL_ENV: urls["postgres"]}
+    if "pgvector" in urls:
+        found[PGVECTOR_URL_ENV] = urls["pgvector"]
+    return found
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -381,7 +453,7 @@ def _load_state(state_dir: Path) -> dict[str, object] | None:
     return loaded
 
 
-def _cli_start(state_dir: Path, machine: bool) -> int:
+def _cli_start(state_dir: Path, machine: bool, pgvector: bool = False) -> int:
     state = _load_state(state_dir)
     if state is not None:
         print(f"{URL_ENV}={state['url']}")
@@ -391,12 +463,13 @@ def _cli_start(state_dir: Path, machine: bool) -> int:
         name = create_database()
         state = {"kind": "database", "database": name, "url": url_for(name)}
     else:
-        cluster = start_cluster()
+        cluster = start_cluster(bin_dir=pgvector_bin() if pgvector else None)
         state = {
             "kind": "cluster",
             "directory": str(cluster.directory),
             "port": cluster.port,
             "url": cluster.url(),
+            "bin_dir": cluster.bin_dir,
         }
     _state_file(state_dir).write_text(json.dumps(state))
     print(f"{URL_ENV}={state['url']}")
@@ -411,8 +484,12 @@ def _cli_stop(state_dir: Path) -> int:
     if state["kind"] == "database":
         drop_database(str(state["database"]))
     else:
-        port = state["port"]
-        Cluster(Path(str(state["directory"])), int(port) if isinstance(port, int) else 0).remove()
+        port, bin_dir = state["port"], state.get("bin_dir")
+        Cluster(
+            Path(str(state["directory"])),
+            int(port) if isinstance(port, int) else 0,
+            str(bin_dir) if bin_dir else None,
+        ).remove()
     _state_file(state_dir).unlink(missing_ok=True)
     return 0
 
@@ -426,12 +503,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a fresh database on the machine's server instead of a private cluster",
     )
+    parser.add_argument(
+        "--pgvector",
+        action="store_true",
+        help=f"a private cluster of PostgreSQL 16 with pgvector ({PGSERVER}'s binaries)",
+    )
     parser.add_argument("--throwaway", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--state-dir", type=Path, default=STATE_DIR)
     args = parser.parse_args(argv)
     try:
         if args.command == "start":
-            return _cli_start(args.state_dir, args.machine)
+            return _cli_start(args.state_dir, args.machine, args.pgvector)
         if args.command == "stop":
             return _cli_stop(args.state_dir)
         state = _load_state(args.state_dir)

@@ -490,6 +490,16 @@ class PostgresKV(KVStore):
         self._after_write()
         return result
 
+    async def run_native_idempotent(
+        self, action: str, fn: Callable[[AsyncConnection[Any]], Awaitable[T]]
+    ) -> T:
+        """Run a native read, or a write whose repetition is harmless (the vector port's
+        derived index), on a ready connection within the store's deadline; sent once
+        more on a fresh connection when the connection breaks. Errors as for the
+        primitives."""
+        self.check_open()
+        return await within_deadline(self, self._idempotent(action, fn))
+
     async def version_of(self, action: str, scope: str, key: str) -> str | None:
         """The stored version of ``(scope, key)``, expired or not (for confirming a native
         write whose reply was lost: versions are never reused)."""

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         MemoryPort,
         SessionPort,
         StoreURL,
+        VectorPort,
     )
 
     from .kv import PostgresKV
@@ -84,6 +85,17 @@ def journal_port(kv: KVStore) -> JournalPort | None:
     from .ports import PostgresJournalPort
 
     return PostgresJournalPort(postgres_kv)
+
+
+@hookimpl
+def vector_port(kv: KVStore) -> VectorPort | None:
+    """The native vector port (pgvector; says itself whether the server has it)."""
+    postgres_kv = _postgres(kv)
+    if postgres_kv is None:
+        return None
+    from .vectors import PostgresVectorPort
+
+    return PostgresVectorPort(postgres_kv)
 
 
 _SCHEMES = frozenset({"postgresql", "postgres"})
