@@ -13,9 +13,11 @@ answer is that file: a definition rarely repeats the word it defines, so the que
 its answer often share no word. Recall@5 and MRR (over the top 10) for lexical, semantic
 and hybrid search with WordLlama's offline embeddings (``WordLlamaEmbeddingModel``).
 
-**Cost.** Search latency p50/p99 on the generic path at 1k, 10k and 100k passages
-(glosses, one passage each, in 100 or 1,000 files), and what a memory write costs the
-caller with and without an embedder, and its indexing after the commit.
+**Cost.** Search latency p50/p99 on the generic path and on each native vector index
+(sqlite-vec; pgvector when ``AGENT_STORES_BENCH_PGVECTOR`` names a PostgreSQL with it) at
+1k, 10k and 100k passages (glosses, one passage each, in 100 or 1,000 files), how much of
+the exact top 10 a native index returns, and what a memory write costs the caller with
+and without an embedder, and its indexing after the commit.
 """
 
 from __future__ import annotations
@@ -170,13 +172,29 @@ async def _drop(store: KVMemoryStore) -> None:
 # -- cost -------------------------------------------------------------------------------------
 
 
+@dataclass
+class Latency:
+    p50: float
+    p99: float
+    #: native only: the share of the exact (generic) top 10 the native search returned
+    agreement: float | None = None
+
+
 async def search_latency(
-    url: str, corpus: list[Synset], passages: int, per_file: int, samples: int, seed: int
-) -> tuple[float, float]:
+    url: str,
+    corpus: list[Synset],
+    passages: int,
+    per_file: int,
+    samples: int,
+    seed: int,
+    *,
+    native: bool,
+) -> Latency:
     """p50 and p99 seconds of a semantic search over ``passages`` glosses, ``per_file`` to
-    a file (blank-line separated: one passage each)."""
+    a file (blank-line separated: one passage each), on the backend's native vector index
+    or the generic path; native: also how much of the exact top 10 it found."""
     model = WordLlamaEmbeddingModel()
-    search = SearchConfig(mode="semantic", embedder=model)
+    search = SearchConfig(mode="semantic", embedder=model, native=native)
     prefix = f"bench-recall-{uuid.uuid4().hex[:8]}:"
     rng = random.Random(seed)
     glosses = [s.gloss for s in corpus[:passages]]
@@ -185,17 +203,32 @@ async def search_latency(
         for i, start in enumerate(range(0, passages, per_file))
     ]
     async with open_memory(url, scope_prefix=prefix, search=search) as store:
+        if native and (store.semantic_index and await store.semantic_index.native()) is None:
+            raise RuntimeError(f"{StoreURL.parse(url).render()} has no native vector index here")
         await _write_all(store, files)
         await store.wait_indexed()
         queries = [rng.choice(rng.choice(corpus).words) for _ in range(samples + 2)]
         times = []
+        found: list[list[str]] = []
         for i, query in enumerate(queries):
             started = time.perf_counter()
-            await store.search("c/", query, limit=10, max_files=len(files), **BOUNDS)
+            result = await store.search("c/", query, limit=10, max_files=len(files), **BOUNDS)
             if i >= 2:  # the first two warm the connection and caches
                 times.append(time.perf_counter() - started)
+                found.append([m.path for m in result.matches])
+        agreement = None
+        if native:
+            exact = SearchConfig(mode="semantic", embedder=model, native=False)
+            async with open_memory(url, scope_prefix=prefix, search=exact) as generic:
+                shared = 0
+                for query, paths in zip(queries[2:], found, strict=True):
+                    result = await generic.search(
+                        "c/", query, limit=10, max_files=len(files), **BOUNDS
+                    )
+                    shared += len({m.path for m in result.matches} & set(paths))
+                agreement = shared / (10 * len(found))
         await _drop(store)
-    return statistics.median(times), percentile(times, 0.99)
+    return Latency(statistics.median(times), percentile(times, 0.99), agreement)
 
 
 async def write_costs(url: str, corpus: list[Synset], samples: int) -> dict[str, float]:
@@ -246,8 +279,7 @@ def growth(p50s: dict[str, dict[int, float]]) -> str:
     return (
         "The generic path's cost grows linearly with the passages searched: it reads and "
         f"scores every vector of the searched files. From the smallest to the largest size: "
-        f"{'; '.join(parts)}. Native vector indexes (pgvector, sqlite-vec), which answer "
-        "without reading every vector, are not built yet."
+        f"{'; '.join(parts)}."
     )
 
 
@@ -301,12 +333,48 @@ def main() -> None:
             if passages > 10_000 and label != "SQLite" and args.quick:
                 cells.append("-")
                 continue
-            p50, p99 = asyncio.run(search_latency(url, shuffled, passages, per_file, samples, seed))
-            cells.append(f"{p50 * 1000:.1f} / {p99 * 1000:.1f} ms")
-            p50s.setdefault(label, {})[passages] = p50
-            print(f"{label} {passages} passages: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms")
+            took = asyncio.run(
+                search_latency(url, shuffled, passages, per_file, samples, seed, native=False)
+            )
+            cells.append(f"{took.p50 * 1000:.1f} / {took.p99 * 1000:.1f} ms")
+            p50s.setdefault(label, {})[passages] = took.p50
+            print(
+                f"{label} {passages} passages: p50 {took.p50 * 1000:.1f} ms, p99 {took.p99 * 1000:.1f} ms"
+            )
         lines.append(f"| {passages:,} ({passages // per_file:,}) | " + " | ".join(cells) + " |")
     lines += ["", growth(p50s)]
+    natives = {"SQLite (sqlite-vec)": backends["SQLite"]}
+    pgvector = os.environ.get("AGENT_STORES_BENCH_PGVECTOR")
+    if pgvector:
+        natives["PostgreSQL (pgvector)"] = pgvector
+    else:
+        print(
+            "PostgreSQL (pgvector): AGENT_STORES_BENCH_PGVECTOR not set, skipped", file=sys.stderr
+        )
+    lines += [
+        "",
+        "Semantic search latency on the native vector indexes, p50 / p99 of the same "
+        "searches, and the share of the exact top 10 (the generic path's, on the same "
+        "files) each returned:",
+        "",
+        "| passages (files) | " + " | ".join(natives) + " |",
+        "|---|" + "---|" * len(natives),
+    ]
+    for passages, per_file in sizes:
+        cells = []
+        for label, url in natives.items():
+            took = asyncio.run(
+                search_latency(url, shuffled, passages, per_file, samples, seed, native=True)
+            )
+            cells.append(
+                f"{took.p50 * 1000:.1f} / {took.p99 * 1000:.1f} ms, "
+                f"{100 * (took.agreement or 0):.0f}% of the exact top 10"
+            )
+            print(
+                f"{label} {passages} passages: p50 {took.p50 * 1000:.1f} ms, "
+                f"p99 {took.p99 * 1000:.1f} ms, agreement {took.agreement}"
+            )
+        lines.append(f"| {passages:,} ({passages // per_file:,}) | " + " | ".join(cells) + " |")
     lines += [
         "",
         "A memory write of 10 glosses (p50): the write the caller waits on, without and with "

@@ -637,11 +637,13 @@ class PostgresVectorPort:
         k = min(EF_SEARCH_MAX, max(MIN_CANDIDATES, limit * OVERFETCH))
         # The index holds every scope's rows and filters after its search: widen the
         # search by how much of the table the considered passages are.
-        share = passages / table_rows if table_rows > 0 else 0.0
+        # A table never analysed (reltuples -1) or analysed before most of its rows came
+        # (fewer than this scope alone holds) is taken as this scope's: searching the
+        # whole ef ceiling costs several times more, and a short answer falls back to the
+        # exact scan anyway.
+        share = passages / table_rows if table_rows >= passages else 1.0
         wanted = max(EF_SEARCH, 2 * k)
-        ef = (
-            EF_SEARCH_MAX if share <= 0 else min(EF_SEARCH_MAX, math.ceil(wanted / min(1.0, share)))
-        )
+        ef = min(EF_SEARCH_MAX, math.ceil(wanted / share))
         await conn.execute(st.set_hnsw, (str(ef),))
         cur = await conn.execute(st.hnsw(mkey, dims), {**params, "k": k})
         rows = sorted(await cur.fetchall(), key=lambda r: (r[4], r[0], r[6]))
