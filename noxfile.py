@@ -400,9 +400,7 @@ def _contract_on_backend(
                     continue
                 try:
                     for part in _suite_parts(label, suite):
-                        _run_contract(
-                            session, label, url, pytest_args, env=pytest_env, suite=part
-                        )
+                        _run_contract(session, label, url, pytest_args, env=pytest_env, suite=part)
                     outcomes["passed"].append(label)
                 except nox.command.CommandFailed:
                     outcomes["failed"].append(label)

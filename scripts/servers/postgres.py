@@ -230,7 +230,9 @@ def pgvector_bin() -> str:
         target = ["--no-deps", "--target", str(PGSERVER_HOME), PGSERVER]
         attempts = [[sys.executable, "-m", "pip", "install", "--quiet", *target]]
         if shutil.which("uv"):
-            attempts.append(["uv", "pip", "install", "--quiet", "--python", sys.executable, *target])
+            attempts.append(
+                ["uv", "pip", "install", "--quiet", "--python", sys.executable, *target]
+            )
         errors = []
         for argv in attempts:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
@@ -420,8 +422,10 @@ def pgvector_cluster() -> Iterator[Cluster | None]:
     except (ServerError, OSError, subprocess.SubprocessError) as exc:
         if os.environ.get(REQUIRE_PGVECTOR_ENV):
             raise
-        print(f"warning: no PostgreSQL with pgvector here ({exc}); its target is left out",
-              file=sys.stderr)
+        print(
+            f"warning: no PostgreSQL with pgvector here ({exc}); its target is left out",
+            file=sys.stderr,
+        )
         yield None
         return
     try:

@@ -1165,6 +1165,58 @@ class FirestoreKV(KVStore):
             # still fails if the document appeared.
             batch.delete(ref, option=absent)
 
+    # -- for native ports (the vector port of this package) ------------------------------------
+
+    #: The fields :meth:`entry_version` needs: a projection (``select``/``field_paths``) of
+    #: these reads an entry's version without its value.
+    VERSION_FIELDS: ClassVar[tuple[str, ...]] = (F_NONCE, F_EXPIRES)
+
+    async def connect(self) -> AsyncClient:
+        """The client, built on first use (as every primitive does); raises
+        :class:`~agent_stores.errors.ResourceClosedError` once the store is closed."""
+        self.check_open()
+        return await self._connect()
+
+    @property
+    def namespace(self) -> AsyncDocumentReference:
+        """The namespace document ``COLLECTION/{prefix id}``, parent of ``scopes``: a native
+        port keeps its own collections beside it, so stores of different prefixes never
+        share them. Needs the client (after :meth:`connect`)."""
+        namespace: AsyncDocumentReference = self.client.collection(self.collection).document(
+            encode_id(self.prefix)
+        )
+        return namespace
+
+    def entries_of(self, scope: str) -> AsyncCollectionReference:
+        """The collection of ``scope``'s entries: one document per key, its id
+        :func:`~agent_stores_firestore.ids.encode_id` of the key (ids sort like keys).
+        Raises :class:`~agent_stores.errors.InvalidIdError` for a scope too long for an id."""
+        return self._entries(scope)
+
+    @staticmethod
+    def entry_version(snap: DocumentSnapshot) -> tuple[str, float | None] | None:
+        """``(version, expires_at)`` of the entry ``snap`` (read with at least
+        :attr:`VERSION_FIELDS`), exactly as a ``get`` reports them; None when there is no
+        document."""
+        if not snap.exists:
+            return None
+        data = snap.to_dict() or {}
+        expires = data.get(F_EXPIRES)
+        expires_at = float(expires) if isinstance(expires, float | int) else None
+        nonce = data.get(F_NONCE)
+        version = render_version(
+            snap.update_time, nonce if isinstance(nonce, str) else "", expires_at
+        )
+        return version, expires_at
+
+    async def request(self, call: Callable[[float], Awaitable[T]]) -> T:
+        """Run ``call(timeout)`` — a read, or a write whose repetition is harmless — with
+        the store's retries of transient failures, each attempt's timeout capped by the
+        deadline. A failure (after the retries, or one that is not transient) is raised
+        as :class:`~agent_stores.errors.BackendUnavailableError`, its cause kept. Bound
+        the whole operation with :func:`~agent_stores.backend.within_deadline`."""
+        return await self._run(call)
+
     # -- admin --------------------------------------------------------------------------------
 
     async def iter_documents(self, scope: str) -> AsyncIterator[str]:

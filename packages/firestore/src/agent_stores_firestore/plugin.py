@@ -4,7 +4,9 @@ Importing this module must stay cheap: it never imports google-cloud-firestore. 
 factory is an import string resolved only when a ``firestore://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if the Firestore library is already
 imported (a client object cannot exist otherwise). Sessions and memory use the generic
-KV-built stores; the checkpointer appends to a run's journal or step log in one Commit
+KV-built stores, with search by meaning on the native vector port
+(:mod:`~agent_stores_firestore.vectors`, ``find_nearest``); the checkpointer appends to a
+run's journal or step log in one Commit
 (:func:`journal_port`, the core's commit port). For the contract's fault mode it offers
 :class:`~agent_stores_firestore.faults.FirestoreFaultInjector` (``fault_injector``, a gRPC
 interceptor) and ``proxied_url`` (an emulator URL through a TCP proxy).
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from agent_stores.backend import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector, JournalPort, KVStore, StoreURL
+    from agent_stores.backend import FaultInjector, JournalPort, KVStore, StoreURL, VectorPort
 
 FACTORY = "agent_stores_firestore.kv:FirestoreKV.from_url"
 
@@ -56,6 +58,17 @@ def journal_port(kv: KVStore) -> JournalPort | None:
     from agent_stores.backend import CommitJournalPort
 
     return CommitJournalPort(kv)
+
+
+@hookimpl
+def vector_port(kv: KVStore) -> VectorPort | None:
+    """The native vector port (``find_nearest``, exact reads for small scopes)."""
+    kv_module = sys.modules.get("agent_stores_firestore.kv")
+    if kv_module is None or not isinstance(kv, kv_module.FirestoreKV):
+        return None
+    from .vectors import FirestoreVectorPort
+
+    return FirestoreVectorPort(kv)
 
 
 @hookimpl
