@@ -48,14 +48,18 @@ def build_wheelhouse(folder: Path, work: Path) -> None:
 
 
 def run(args: list[str], env: dict[str, str] | None = None) -> str:
+    """The command's standard output; a failure raises with the tail of both streams.
+
+    Standard error is kept apart: log lines (a warning that a native index is unavailable)
+    go there and must not be taken for the command's own last line."""
     result = subprocess.run(
         args, capture_output=True, text=True, env={**os.environ, **(env or {})}, check=False
     )
-    output = result.stdout + result.stderr
     if result.returncode != 0:
+        output = result.stdout + result.stderr
         tail = "\n".join(output.splitlines()[-TAIL_LINES:])
         raise RuntimeError(f"`{' '.join(args[:4])} ...` exited {result.returncode}:\n{tail}")
-    return output
+    return result.stdout
 
 
 def check_backend(name: str, url: str, wheelhouse: Path, work: Path) -> str:

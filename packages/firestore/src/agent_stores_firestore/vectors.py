@@ -765,7 +765,7 @@ def _passage_message(
     5 ms for 256 dimensions: half a minute for 6,000 passages); here the vector's
     ``ArrayValue`` is serialized with numpy and parsed in one call. It uses two
     google-cloud-firestore internals, ``DocumentReference._document_path`` and
-    ``WriteBatch._add_write_pbs`` (:func:`_add_messages`); ``tests/test_vector_port.py``
+    ``WriteBatch._add_write_pbs`` (:func:`_add_messages`); ``tests/test_firestore_vector_port.py``
     reads such a document back through the client to check the encoding.
     """
     np = numpy_module()
