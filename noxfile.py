@@ -690,8 +690,9 @@ def bench(session: nox.Session) -> None:
     operation on the cloud backends (``benchmarks/request_counts.py``) and every
     operation's latency behind a 20 ms proxy (``benchmarks/latency.py``), both written to
     docs/requests.md; then memory recall by meaning (``benchmarks/recall.py``: recall@5 and
-    MRR per search mode on WordNet glosses, search latency at 1k-100k passages), added to
-    docs/benchmarks.md. ``-- --quick``: short, nothing written."""
+    MRR per search mode on WordNet glosses, search latency at 1k-100k passages) and the
+    requests of the admin walks over 1k and 10k scopes (``benchmarks/scope_walk.py``), added
+    to docs/benchmarks.md. ``-- --quick``: short, nothing written."""
     _install(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
     venv = Path(".nox/bench-anchors")
@@ -745,6 +746,7 @@ def bench(session: nox.Session) -> None:
         # Written after side_by_side.py, which rewrites docs/benchmarks.md whole.
         recall_page = [] if quick else ["--markdown", "docs/benchmarks.md"]
         session.run("python", "benchmarks/recall.py", *quick, *recall_page, env=env)
+        session.run("python", "benchmarks/scope_walk.py", *quick, *recall_page, env=env)
 
 
 @nox.session(name="contract-stress", python=False)

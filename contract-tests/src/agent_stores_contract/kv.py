@@ -773,6 +773,40 @@ class KVContract(ContractBase):
         assert first == names[:5]
         assert await kv.scopes(prefix=f"{ns}/", start_after=first[-1], limit=5) == names[5:10]
 
+    async def test_iter_scopes_walks_every_live_scope_once(self, kv: KVStore, ns: str) -> None:
+        """iter_scopes yields each scope with a live entry under the prefix exactly once, in pages of any size; expired, dropped and other scopes never."""
+        names = {f"{ns}/w{i:02d}" for i in range(23)}
+        for name in sorted(names):
+            for key in ("a", "b", "c"):  # several entries: a scope must still come once
+                await kv.create(name, key, b"v")
+        await kv.create(f"{ns}/expired", "k", b"v", ttl=10)
+        await kv.create(f"{ns}/dropped", "k", b"v")
+        await kv.drop_scope(f"{ns}/dropped")
+        await kv.create(f"{ns}x", "k", b"v")
+        offset_clock(kv, 11)
+        for page_size in (1, 4, 500):
+            walked = [s async for s in kv.iter_scopes(prefix=f"{ns}/", page_size=page_size)]
+            assert sorted(walked) == sorted(names), page_size
+            assert len(walked) == len(set(walked)), page_size
+        with pytest.raises(ValueError):
+            async for _ in kv.iter_scopes(prefix=ns, page_size=0):
+                pass
+
+    async def test_iter_scopes_during_writes(self, kv: KVStore, ns: str) -> None:
+        """A scope live for a whole walk is yielded even while other scopes are created and dropped during it."""
+        steady = {f"{ns}/steady{i:02d}" for i in range(12)}
+        for name in steady:
+            await kv.create(name, "k", b"v")
+        walked: list[str] = []
+        churned = 0
+        async for scope in kv.iter_scopes(prefix=f"{ns}/", page_size=2):
+            walked.append(scope)
+            await kv.create(f"{ns}/new{churned:03d}", "k", b"v")
+            await kv.drop_scope(f"{ns}/new{max(churned - 1, 0):03d}")
+            churned += 1
+        assert steady <= set(walked)
+        assert len(walked) == len(set(walked))
+
     # -- commit ---------------------------------------------------------------------------
 
     async def test_commit_all_or_nothing(self, kv: KVStore, ns: str) -> None:

@@ -109,14 +109,8 @@ class Report:
 
 
 async def _all_scopes(kv: KVStore, prefix: str) -> list[str]:
-    out: list[str] = []
-    start_after: str | None = None
-    while True:
-        page = await kv.scopes(prefix=prefix, start_after=start_after, limit=500)
-        out.extend(page)
-        if len(page) < 500:
-            return out
-        start_after = page[-1]
+    """The scopes under ``prefix`` in byte order, from one linear walk of the store."""
+    return sorted([scope async for scope in kv.iter_scopes(prefix=prefix, page_size=500)])
 
 
 async def _entries(kv: KVStore, scope: str, prefix: str = "") -> list[tuple[str, Entry]]:

@@ -51,7 +51,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from agent_stores.backend import (
@@ -826,11 +826,9 @@ class DynamoDBKV(KVStore):
                 return items
             request["ExclusiveStartKey"] = last
 
-    async def _scopes(
-        self, prefix: str, start_after: str | None, limit: int, now: float
-    ) -> list[str]:
-        found: set[str] = set()
-        request: dict[str, Any] = {
+    def _scopes_request(self, prefix: str) -> dict[str, Any]:
+        """A Scan of the partition (scope) keys and expiries of items under ``prefix``."""
+        return {
             "TableName": self.table,
             "ProjectionExpression": "#s, #exp",
             "ExpressionAttributeNames": {"#s": A_SCOPE, "#exp": A_EXPIRES},
@@ -838,6 +836,33 @@ class DynamoDBKV(KVStore):
             "ExpressionAttributeValues": {":p": {"S": self._pk_prefix + prefix}},
             "ConsistentRead": True,
         }
+
+    async def _scope_pages(
+        self, prefix: str, page_size: int, now: float
+    ) -> AsyncGenerator[list[str], None]:
+        # One Scan through the table, a page per request: linear, where paging _scopes
+        # scans the whole table for every page. A partition's items come together, so a
+        # scope repeats only across a page boundary (the caller drops repeats).
+        request = self._scopes_request(prefix)
+        while True:
+            response = await self._call("scan", **request)
+            live: dict[str, None] = {}
+            for raw in response.get("Items", []):
+                scope = str(raw[A_SCOPE]["S"])[len(self._pk_prefix) :]
+                if scope.startswith(prefix) and not self._expired(raw, now):
+                    live[scope] = None
+            if live:
+                yield list(live)
+            last = response.get("LastEvaluatedKey")
+            if not last:
+                return
+            request["ExclusiveStartKey"] = last
+
+    async def _scopes(
+        self, prefix: str, start_after: str | None, limit: int, now: float
+    ) -> list[str]:
+        found: set[str] = set()
+        request = self._scopes_request(prefix)
         while True:
             response = await self._call("scan", **request)
             for raw in response.get("Items", []):

@@ -27,9 +27,10 @@ connection whose read was interrupted), never back in the pool with a reply pend
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from agent_stores.backend import (
@@ -82,6 +83,8 @@ DEFAULT_MAX_CONNECTIONS = 100
 DROP_BATCH = 500
 #: How many scopes ``scopes()`` checks for liveness at once.
 SCOPE_CHECK_CONCURRENCY = 16
+#: keys a SCAN call examines (a hint to the server; each call is one round trip)
+SCAN_COUNT = 1000
 
 T = TypeVar("T")
 
@@ -205,6 +208,11 @@ def _is_cluster(client: Any) -> bool:
     from redis.asyncio.cluster import RedisCluster
 
     return isinstance(client, RedisCluster)
+
+
+def _raw(name: Any) -> bytes:
+    """A key name from SCAN as bytes (a client built with ``decode_responses`` gives str)."""
+    return name.encode("utf-8") if isinstance(name, str) else bytes(name)
 
 
 def _text(value: Any) -> str:
@@ -737,10 +745,9 @@ class RedisKV(KVStore):
         async def collect() -> set[str]:
             found: set[str] = set()
             async for name in self._client.scan_iter(
-                match=self.layout.index_pattern(), count=1000, _type="ZSET"
+                match=self.layout.index_pattern(), count=SCAN_COUNT, _type="ZSET"
             ):
-                raw = name.encode("utf-8") if isinstance(name, str) else bytes(name)
-                scope = self.layout.scope_of_index(raw)
+                scope = self.layout.scope_of_index(_raw(name))
                 if scope is None or not scope.startswith(prefix):
                     continue
                 if start_after is not None and scope <= start_after:
@@ -761,6 +768,48 @@ class RedisKV(KVStore):
                     if len(found) >= limit:
                         return found
         return found
+
+    async def _scope_pages(
+        self, prefix: str, page_size: int, now: float
+    ) -> AsyncGenerator[list[str], None]:
+        # One SCAN walk per primary, each page's candidates checked for a live entry: the
+        # keyspace is read once, where paging _scopes would walk all of it for every page.
+        await self._ready()
+        nodes: list[Any] = list(self._client.get_primaries()) if self.cluster else [None]
+        pattern = self.layout.index_pattern()
+        for node in nodes:
+            cursor = 0
+            while True:
+                target = {} if node is None else {"target_nodes": node}
+                (cursor, names), _ = await self._attempts(
+                    functools.partial(
+                        self._client.scan,
+                        cursor=cursor,
+                        match=pattern,
+                        count=max(page_size, SCAN_COUNT),
+                        _type="ZSET",
+                        **target,
+                    )
+                )
+                if isinstance(cursor, dict):  # a cluster node's reply: {node name: cursor}
+                    cursor = next(iter(cursor.values()))
+                candidates = sorted(
+                    {
+                        scope
+                        for name in names
+                        if (scope := self.layout.scope_of_index(_raw(name))) is not None
+                        and scope.startswith(prefix)
+                    }
+                )
+                live: list[str] = []
+                for start in range(0, len(candidates), SCOPE_CHECK_CONCURRENCY):
+                    chunk = candidates[start : start + SCOPE_CHECK_CONCURRENCY]
+                    alive = await asyncio.gather(*(self._scope_live(s, now) for s in chunk))
+                    live += [s for s, ok in zip(chunk, alive, strict=True) if ok]
+                if live:
+                    yield live
+                if int(cursor) == 0:
+                    break
 
     async def _drop_scope(self, scope: str) -> int:
         total = 0

@@ -23,7 +23,15 @@ import os
 import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
@@ -438,6 +446,33 @@ class KVStore(AsyncCloseable, ABC):
             raise ValueError("limit must be >= 1")
         return await self._scopes(prefix, start_after, limit, self.clock())
 
+    async def iter_scopes(self, *, prefix: str = "", page_size: int = 500) -> AsyncIterator[str]:
+        """Every scope holding a live entry under ``prefix``, each once, in no promised order.
+
+        The admin walk (``copy``, ``doctor``): its cost grows linearly with the data, where
+        paging :meth:`scopes` costs a whole listing per page on a backend with no ordered
+        index of scopes (Redis, DynamoDB). Each page is one bounded call. A scope live for
+        the whole walk is yielded; one created or emptied during it may or may not be. The
+        names already yielded are kept (to drop a backend cursor's repeats) until the walk ends.
+        """
+        self.check_open()
+        if page_size < 1:
+            raise ValueError("page_size must be >= 1")
+        pages = self._scope_pages(prefix, page_size, self.clock())
+        seen: set[str] = set()
+        try:
+            while True:
+                try:
+                    page = await within_deadline(self, anext(pages))
+                except StopAsyncIteration:
+                    return
+                for scope in page:
+                    if scope not in seen and scope.startswith(prefix):
+                        seen.add(scope)
+                        yield scope
+        finally:
+            await pages.aclose()
+
     @telemetry.kv_call
     @_bounded
     async def drop_scope(self, scope: str) -> int:
@@ -570,6 +605,26 @@ class KVStore(AsyncCloseable, ABC):
 
         A scope whose entries have all expired is not listed (the contract checks it).
         """
+
+    async def _scope_pages(
+        self, prefix: str, page_size: int, now: float
+    ) -> AsyncGenerator[list[str], None]:
+        """Pages of scopes holding a live entry at ``now`` under ``prefix``, for :meth:`iter_scopes`.
+
+        Any order; a scope may appear in several pages (the caller drops repeats); a page
+        may be empty without the walk being over. The default pages through
+        :meth:`_scopes` by ``start_after``, linear where scopes are an ordered index; a
+        backend whose ``_scopes`` walks everything for each page overrides this with its
+        native cursor.
+        """
+        start_after: str | None = None
+        while True:
+            page = await self._scopes(prefix, start_after, page_size, now)
+            if page:
+                yield page
+            if len(page) < page_size:
+                return
+            start_after = page[-1]
 
     @abstractmethod
     async def _drop_scope(self, scope: str) -> int:

@@ -9,8 +9,9 @@ counted as one call, ``sessions.save``, ``memory.write``, …), unless built wit
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from .base import Create, Entry, KVStore, Operation, Replace, ScanItem
@@ -120,6 +121,14 @@ class CountingKV(KVStore):
     ) -> list[str]:
         self.calls["scopes"] += 1
         return await self.inner._scopes(prefix, start_after, limit, now)
+
+    async def _scope_pages(
+        self, prefix: str, page_size: int, now: float
+    ) -> AsyncGenerator[list[str], None]:
+        async with contextlib.aclosing(self.inner._scope_pages(prefix, page_size, now)) as pages:
+            async for page in pages:
+                self.calls["scope_pages"] += 1
+                yield page
 
     async def _drop_scope(self, scope: str) -> int:
         self.calls["drop_scope"] += 1

@@ -25,7 +25,7 @@ Faults (all standard kinds):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..errors import BackendUnavailableError
@@ -196,6 +196,20 @@ class FaultyKV(KVStore):
         return await self._through(
             "scopes", lambda: self.inner._scopes(prefix, start_after, limit, now)
         )
+
+    async def _scope_pages(
+        self, prefix: str, page_size: int, now: float
+    ) -> AsyncGenerator[list[str], None]:
+        pages = self.inner._scope_pages(prefix, page_size, now)
+        try:
+            while True:
+                try:
+                    page = await self._through("scope_pages", lambda: anext(pages))
+                except StopAsyncIteration:
+                    return
+                yield page
+        finally:
+            await pages.aclose()
 
     async def _drop_scope(self, scope: str) -> int:
         return await self._through("drop_scope", lambda: self.inner._drop_scope(scope), write=True)

@@ -205,7 +205,9 @@ class Transfer:
         """The source scopes of every selected kind, in copy order."""
         out: dict[str, list[str]] = {}
         for kind in self.kinds:
-            scopes = await _all_scopes(self.src, self.layout.prefix(kind))
+            # One linear walk of the source (paging scopes() is quadratic on some backends).
+            walk = self.src.iter_scopes(prefix=self.layout.prefix(kind), page_size=_PAGE)
+            scopes = sorted([scope async for scope in walk])
             if kind == "runs":
                 # A run's own scope before the listing and lineage entries that point at it.
                 run_prefix = f"{self.layout.runs_namespace}/run/"
@@ -515,17 +517,6 @@ class Transfer:
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-
-async def _all_scopes(kv: KVStore, prefix: str) -> list[str]:
-    out: list[str] = []
-    cursor: str | None = None
-    while True:
-        page = await kv.scopes(prefix=prefix, start_after=cursor, limit=_PAGE)
-        out.extend(page)
-        if len(page) < _PAGE:
-            return out
-        cursor = page[-1]
 
 
 async def _snapshot(kv: KVStore, scope: str) -> dict[str, Entry]:
