@@ -433,3 +433,34 @@ def test_lazy_names_are_the_harness_objects() -> None:
     assert {"KVMemoryStore", "append_memory", "read_whole"} <= set(dir(agent_stores.memory))
     with pytest.raises(AttributeError):
         _ = agent_stores.memory.NoSuchName  # type: ignore[attr-defined]
+
+
+# -- what a store remembers ----------------------------------------------------------------
+
+
+async def test_remembered_records_are_bounded_by_bytes(tmp_path: Path) -> None:
+    """On an atomic port a write that expects the version it last saw skips the read; the
+    records kept for that are bounded by their bytes (16 MiB), not only by their number,
+    so a store serving many large files does not grow with them."""
+    counting = CountingKV(open_kv(f"sqlite:///{tmp_path}/known.db"))
+    store = KVMemoryStore(counting)
+    assert store.port.atomic
+
+    async def reads_before_writing(path: str, version: str) -> int:
+        counting.reset_counts()
+        await store.write(path, "changed", expected_version=version)
+        return counting.calls["get"] + counting.calls["memory.read"]
+
+    small = await store.write("u/small.md", "x", expected_version=None)
+    assert await reads_before_writing("u/small.md", small.version) == 0
+    huge = await store.write("u/huge.md", "h" * (1 << 20) + "!", expected_version=None)
+    assert await reads_before_writing("u/huge.md", huge.version) == 1  # over 1 MiB: not kept
+
+    versions = [
+        (await store.write(f"u/{i:02d}.md", f"{i:02d}" * 450_000, expected_version=None)).version
+        for i in range(20)
+    ]  # 18 MB written: the oldest are forgotten, the newest kept
+    assert await reads_before_writing("u/19.md", versions[19]) == 0
+    assert await reads_before_writing("u/00.md", versions[0]) == 1
+    await store.aclose()
+    await counting.aclose()

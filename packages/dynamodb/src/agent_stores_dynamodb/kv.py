@@ -216,6 +216,23 @@ def _num(value: float) -> dict[str, str]:
     return {"N": repr(float(value))}
 
 
+async def _close_with_loop(context: Any, scrub: Callable[[str], str]) -> None:
+    """Sleep until cancelled, then close the client ``context`` opened, in the same loop.
+
+    A store may outlive its event loop (two ``asyncio.run`` calls, a test framework's loop
+    per test); ``asyncio.run`` cancels every task as its loop shuts down, so this closes
+    the client's connections there instead of leaving them to the garbage collector (with
+    aiohttp's "unclosed client session" warnings), and the store's :meth:`aclose` ends it.
+    """
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        try:
+            await context.__aexit__(None, None, None)
+        except BaseException as exc:  # closing must not fail a loop's shutdown
+            log.debug("closing the DynamoDB client failed: %s", scrub(repr(exc)))
+
+
 class DynamoDBKV(KVStore):
     """KV store on one DynamoDB table (see the module docstring for the layout)."""
 
@@ -243,6 +260,8 @@ class DynamoDBKV(KVStore):
         self._client: Any | None = client
         self._client_context: Any | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        # Closes the owned client when its loop shuts down (see _close_with_loop).
+        self._client_guard: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         #: where the region of the owned client came from (for messages)
@@ -312,7 +331,7 @@ class DynamoDBKV(KVStore):
             if self._client is not None and self._client_loop is loop:
                 return self._client
             # An owned client is bound to the loop that made it (aiohttp); a store used
-            # from a new loop gets a new one and lets the old one go with its loop.
+            # from a new loop gets a new one; the old one was closed as its loop shut down.
             self._client = None
             self._client_context = None
             context = self._new_client_context()
@@ -323,6 +342,9 @@ class DynamoDBKV(KVStore):
             if self._on_client is not None:
                 self._on_client(client)
             self._client, self._client_context, self._client_loop = client, context, loop
+            self._client_guard = loop.create_task(
+                _close_with_loop(context, self._scrub), name="agent-stores-dynamodb-client-guard"
+            )
             return client
 
     def _new_client_context(self) -> Any:
@@ -356,6 +378,16 @@ class DynamoDBKV(KVStore):
     async def _aclose(self) -> None:
         context, self._client_context = self._client_context, None
         self._client = None
+        guard, self._client_guard = self._client_guard, None
+        if guard is not None and not guard.done():
+            try:
+                same_loop = guard.get_loop() is asyncio.get_running_loop()
+            except RuntimeError:
+                same_loop = False
+            if same_loop:
+                guard.cancel()  # the guard closes the client: once, in its own loop
+                await asyncio.wait({guard})
+                return
         if context is not None and self._owns_client:
             try:
                 await context.__aexit__(None, None, None)

@@ -94,8 +94,14 @@ _INDEXING_CONCURRENCY = 4
 #: Times a native search brings the vector index up to date and asks it, before the
 #: generic path answers (only concurrent writes to the files found make it ask again).
 _NATIVE_ROUNDS = 3
-# Paths whose last seen record a store remembers (for writes without a read first).
+# Paths whose last seen record a store remembers (for writes without a read first), and
+# the bytes of those records' encodings at most: a store serving many users must not grow
+# with them. A record larger than a sixteenth of the bytes is not kept (its write reads first).
 _KNOWN_RECORDS = 4096
+_KNOWN_BYTES = 16 << 20
+# Directories whose markers a store remembers having written; past this many it starts
+# over (a forgotten directory costs its marker checks once more, in the same commit).
+_KNOWN_DIRS = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +244,8 @@ class KVMemoryStore(KVBackedStore):
         self._port: MemoryPort = port or kv.ports.memory or KVMemoryPort(kv)
         # The record last written or read per path, with its KV version: on an atomic port
         # a write that expects it goes straight to the one transaction (no read first).
-        self._known: OrderedDict[str, tuple[str, FileRecord]] = OrderedDict()
+        self._known: OrderedDict[str, tuple[str, FileRecord, int]] = OrderedDict()
+        self._known_bytes = 0
         #: Records listings and searches skipped because they cannot be decoded.
         self.problems = ProblemLog("memory")
         self._search = search or SearchConfig()
@@ -301,7 +308,7 @@ class KVMemoryStore(KVBackedStore):
             if record is None or not record.live:
                 return None
             assert entry is not None
-            self._remember(loc.path, entry.version, record)
+            self._remember(loc.path, entry.version, record, len(entry.value))
             fetched = await self._fetch(loc.scope, [(loc.name, record)], max_chars, metadata=True)
             if loc.name in fetched:
                 content, metadata = fetched[loc.name]
@@ -1224,7 +1231,7 @@ class KVMemoryStore(KVBackedStore):
             if known is not None and known[1].live:
                 return None, None  # it exists: the usual path reports the conflict
         elif known is not None and known[1].live and known[1].version == expected_version:
-            entry_version, record = known
+            entry_version, record, _ = known
         else:
             return None, None
         if (
@@ -1245,7 +1252,7 @@ class KVMemoryStore(KVBackedStore):
         try:
             await self._write(loc, new_record, entry_version, None, operation, mutation, markers)
         except ConflictError:
-            self._known.pop(loc.path, None)
+            self._forget(loc.path)
             return None, staged
         await self._after_landing(loc, record, new_record)
         return mutation, staged
@@ -1279,14 +1286,25 @@ class KVMemoryStore(KVBackedStore):
                 [(scope, key) for _, scope, key in markers],
             )
         )
+        if len(self._known_dirs) + len(markers) > _KNOWN_DIRS:
+            self._known_dirs.clear()
         self._known_dirs.update(full for full, _, _ in markers)
-        self._remember(loc.path, version, record)
+        self._remember(loc.path, version, record, len(record.encoded()))
 
-    def _remember(self, path: str, version: str, record: FileRecord) -> None:
-        self._known[path] = (version, record)
-        self._known.move_to_end(path)
-        if len(self._known) > _KNOWN_RECORDS:
-            self._known.popitem(last=False)
+    def _remember(self, path: str, version: str, record: FileRecord, size: int) -> None:
+        self._forget(path)
+        if size > _KNOWN_BYTES // 16:
+            return
+        self._known[path] = (version, record, size)
+        self._known_bytes += size
+        while len(self._known) > _KNOWN_RECORDS or self._known_bytes > _KNOWN_BYTES:
+            _, (_, _, dropped) = self._known.popitem(last=False)
+            self._known_bytes -= dropped
+
+    def _forget(self, path: str) -> None:
+        known = self._known.pop(path, None)
+        if known is not None:
+            self._known_bytes -= known[2]
 
     async def _load(
         self, loc: _Location, operation: MemoryOperation | None
