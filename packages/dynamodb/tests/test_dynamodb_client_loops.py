@@ -22,6 +22,7 @@ def test_each_loops_client_is_closed_with_its_loop(
         assert await kv.get(f"loops/{i}", "k") is not None
 
     with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(kv.setup())  # the table, when this test runs first on a fresh server
         for i in range(3):
             asyncio.run(use(i))  # a new loop each time, so a new client each time
             gc.collect()
@@ -33,6 +34,7 @@ def test_each_loops_client_is_closed_with_its_loop(
 
 async def test_aclose_in_the_loop_closes_the_client(dynamodb_url: str) -> None:
     kv = open_kv(dynamodb_url)
+    await kv.setup()
     await kv.create("loops/a", "k", b"v")
     await kv.aclose()
     assert not [t for t in asyncio.all_tasks() if "dynamodb-client-guard" in t.get_name()]
