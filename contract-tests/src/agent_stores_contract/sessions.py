@@ -78,7 +78,8 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunContext, ToolDenied
 
-from .base import REAL_TIME_LIMIT_SECONDS, ContractBase, KVFactory, require_capability, wait_until
+from .base import REAL_TIME_LIMIT_SECONDS, KVFactory, require_capability, wait_until
+from .catalog import CatalogBehaviours
 from .session_workers import one_call_model, pair, prompts_model, texts
 
 SessionsFactory = Callable[..., Awaitable[SessionStore]]
@@ -210,7 +211,7 @@ def history(count: int, pad: int = 400, prefix: str = "m") -> list[ModelMessage]
     return [m for i in range(count // 2) for m in pair(f"{prefix}{i}", pad)]
 
 
-class SessionContract(ContractBase):
+class SessionContract(CatalogBehaviours):
     """The session-store contract. Subclass it and provide ``store_url`` or ``kv_factory``."""
 
     pytestmark = pytest.mark.asyncio

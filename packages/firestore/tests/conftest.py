@@ -11,9 +11,11 @@ boot) and stops it at the end.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
+from agent_stores_firestore.kv import FirestoreKV
 from firestore_test_support import URL_ENV, server, with_fresh_prefix
 
 
@@ -35,3 +37,13 @@ def firestore_base_url() -> Iterator[str]:
 def firestore_url(firestore_base_url: str) -> str:
     """The emulator with a fresh prefix."""
     return with_fresh_prefix(firestore_base_url)
+
+
+@pytest_asyncio.fixture
+async def kv(firestore_url: str) -> AsyncIterator[FirestoreKV]:
+    """A Firestore store under a fresh prefix, closed after the test."""
+    store = FirestoreKV.from_url(firestore_url)
+    try:
+        yield store
+    finally:
+        await store.aclose()

@@ -10,11 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from agent_stores import open_kv
 from agent_stores.errors import (
     BackendUnavailableError,
@@ -27,15 +25,6 @@ from agent_stores.kv.base import Check, Create, Delete, Replace
 from agent_stores_firestore.config import HARD_MAX_VALUE_BYTES
 from agent_stores_firestore.kv import F_GC, FirestoreKV
 from firestore_test_support import server
-
-
-@pytest_asyncio.fixture
-async def kv(firestore_url: str) -> AsyncIterator[FirestoreKV]:
-    store = FirestoreKV.from_url(firestore_url)
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 def shift_clock(kv: FirestoreKV, seconds: float) -> None:

@@ -9,12 +9,10 @@ prefixes sharing one collection.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
-import pytest_asyncio
 from agent_stores import open_kv
 from agent_stores.memory.passages import Passage
 from agent_stores.memory.vector_port import VectorEntry
@@ -27,15 +25,6 @@ from firestore_test_support import with_fresh_prefix
 from google.cloud.firestore_v1.vector import Vector
 
 MODEL = "test:firestore-vector-port"
-
-
-@pytest_asyncio.fixture
-async def kv(firestore_url: str) -> AsyncIterator[FirestoreKV]:
-    store = FirestoreKV.from_url(firestore_url)
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 @pytest.fixture

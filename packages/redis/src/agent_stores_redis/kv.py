@@ -747,27 +747,39 @@ class RedisKV(KVStore):
             async for name in self._client.scan_iter(
                 match=self.layout.index_pattern(), count=SCAN_COUNT, _type="ZSET"
             ):
-                scope = self.layout.scope_of_index(_raw(name))
-                if scope is None or not scope.startswith(prefix):
-                    continue
-                if start_after is not None and scope <= start_after:
-                    continue
-                found.add(scope)
+                scope = self._candidate_scope(name, prefix, start_after)
+                if scope is not None:
+                    found.add(scope)
             return found
 
         candidates, _ = await self._attempts(collect)
         # Python orders str by code point, which is UTF-8 byte order.
-        ordered = sorted(candidates)
-        found: list[str] = []
+        return await self._live_scopes(sorted(candidates), now, limit)
+
+    def _candidate_scope(self, index_name: Any, prefix: str, start_after: str | None) -> str | None:
+        """The scope an index key found by SCAN names, if it is under ``prefix`` and after
+        ``start_after`` (None otherwise). Its liveness is not known yet."""
+        scope = self.layout.scope_of_index(_raw(index_name))
+        if scope is None or not scope.startswith(prefix):
+            return None
+        return None if start_after is not None and scope <= start_after else scope
+
+    async def _live_scopes(self, ordered: list[str], now: float, limit: int | None) -> list[str]:
+        """Those of ``ordered`` holding a live entry, in order, stopping at ``limit``.
+
+        An index key outlives its entries' expiry, so each candidate is checked; a few at
+        a time, in parallel.
+        """
+        live: list[str] = []
         for start in range(0, len(ordered), SCOPE_CHECK_CONCURRENCY):
             chunk = ordered[start : start + SCOPE_CHECK_CONCURRENCY]
-            live = await asyncio.gather(*(self._scope_live(s, now) for s in chunk))
-            for scope, alive in zip(chunk, live, strict=True):
-                if alive:
-                    found.append(scope)
-                    if len(found) >= limit:
-                        return found
-        return found
+            alive = await asyncio.gather(*(self._scope_live(s, now) for s in chunk))
+            for scope, ok in zip(chunk, alive, strict=True):
+                if ok:
+                    live.append(scope)
+                    if limit is not None and len(live) >= limit:
+                        return live
+        return live
 
     async def _scope_pages(
         self, prefix: str, page_size: int, now: float
@@ -793,19 +805,12 @@ class RedisKV(KVStore):
                 )
                 if isinstance(cursor, dict):  # a cluster node's reply: {node name: cursor}
                     cursor = next(iter(cursor.values()))
-                candidates = sorted(
-                    {
-                        scope
-                        for name in names
-                        if (scope := self.layout.scope_of_index(_raw(name))) is not None
-                        and scope.startswith(prefix)
-                    }
-                )
-                live: list[str] = []
-                for start in range(0, len(candidates), SCOPE_CHECK_CONCURRENCY):
-                    chunk = candidates[start : start + SCOPE_CHECK_CONCURRENCY]
-                    alive = await asyncio.gather(*(self._scope_live(s, now) for s in chunk))
-                    live += [s for s, ok in zip(chunk, alive, strict=True) if ok]
+                candidates = {
+                    scope
+                    for name in names
+                    if (scope := self._candidate_scope(name, prefix, None)) is not None
+                }
+                live = await self._live_scopes(sorted(candidates), now, None)
                 if live:
                     yield live
                 if int(cursor) == 0:

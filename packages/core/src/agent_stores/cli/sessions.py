@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ..sessions import SessionInfo, SessionStore
+from ..sessions import SessionInfo, SessionStore, SessionSummary
 from ..url import StoreURL
 from .common import run_async, scope_prefix_option
 
@@ -52,6 +52,23 @@ def _as_dict(info: SessionInfo) -> dict[str, Any]:
         "updated_at": info.updated_at,
         "expires_at": info.expires_at,
         "problem": info.problem,
+        "owner": info.owner,
+        "title": info.title,
+        "tags": list(info.tags),
+    }
+
+
+def _summary_dict(summary: SessionSummary) -> dict[str, Any]:
+    return {
+        "session_id": summary.session_id,
+        "owner": summary.owner,
+        "title": summary.title,
+        "tags": list(summary.tags),
+        "metadata": dict(summary.metadata),
+        "created_at": summary.created_at,
+        "last_activity_at": summary.last_activity_at,
+        "message_count": summary.message_count,
+        "preview": summary.preview,
     }
 
 
@@ -65,17 +82,45 @@ def sessions(ctx: click.Context, url: str, scope_prefix: str) -> None:
 
 
 @sessions.command("list")
+@click.option("--owner", default=None, help="One owner's sessions, most recent first.")
+@click.option("--tag", "tags", multiple=True, help="With --owner: only sessions with this tag.")
+@click.option("--cursor", default=None, help="With --owner: the cursor a previous page printed.")
 @click.option("--prefix", default="", help="Only session ids starting with this.")
 @click.option("--latched", is_flag=True, help="Only sessions waiting for recovery.")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--limit",
+    default=None,
+    type=click.IntRange(1, 10_000),
+    help="At most this many [100; 20 with --owner].",
+)
 @click.option("--after", default=None, help="Page: start after this session id.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
 @run_async
 async def list_sessions(
-    target: Target, prefix: str, latched: bool, limit: int, after: str | None, as_json: bool
+    target: Target,
+    owner: str | None,
+    tags: tuple[str, ...],
+    cursor: str | None,
+    prefix: str,
+    latched: bool,
+    limit: int | None,
+    after: str | None,
+    as_json: bool,
 ) -> None:
-    """List sessions (latched ones included, marked RECOVERY)."""
+    """List sessions: one owner's, most recent first (--owner), or all, by id (admin).
+
+    Without --owner every session is listed (latched ones marked RECOVERY); that walks
+    the whole store. With --owner only that owner's index is read.
+    """
+    if owner is None and (tags or cursor):
+        raise click.UsageError("--tag and --cursor need --owner")
+    if owner is not None and (prefix or latched or after):
+        raise click.UsageError("--prefix, --latched and --after do not combine with --owner")
+    if owner is not None:
+        await _list_owner(target, owner, tags, cursor, limit or 20, as_json)
+        return
+    limit = limit or 100
     async with _open(target) as store:
         found = await store.list_sessions(
             prefix, start_after=after, limit=limit, latched_only=latched
@@ -99,6 +144,42 @@ async def list_sessions(
             f"{info.session_id}\t{info.message_count} messages\t{state}\t"
             f"updated {_when(info.updated_at)}"
         )
+
+
+async def _list_owner(
+    target: Target,
+    owner: str,
+    tags: tuple[str, ...],
+    cursor: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    async with _open(target) as store:
+        try:
+            page = await store.list_owner_sessions(
+                owner, limit=limit, cursor=cursor, tags=list(tags) or None
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--cursor") from None
+    if as_json:
+        for summary in page.sessions:
+            click.echo(json.dumps(_summary_dict(summary)))
+        if page.cursor is not None:
+            click.echo(json.dumps({"cursor": page.cursor}))
+        return
+    if not page.sessions:
+        click.echo(f"no sessions of owner {owner!r}")
+    for summary in page.sessions:
+        title = summary.title or "(untitled)"
+        tag_text = f"\t[{', '.join(summary.tags)}]" if summary.tags else ""
+        click.echo(
+            f"{summary.session_id}\t{title}\t{summary.message_count} messages\t"
+            f"active {_when(summary.last_activity_at)}{tag_text}"
+        )
+        if summary.preview:
+            click.echo(f"    {summary.preview}")
+    if page.cursor is not None:
+        click.echo(f"more: --cursor {page.cursor}")
 
 
 @sessions.command("show")
@@ -126,6 +207,11 @@ async def show(target: Target, session_id: str, show_messages: bool, as_json: bo
         click.echo(json.dumps(out, indent=2))
         return
     click.echo(f"session      {info.session_id}")
+    if info.owner or info.title or info.tags:
+        click.echo(
+            f"owner        {info.owner or '-'}; title {info.title or '-'}; "
+            f"tags {', '.join(info.tags) or '-'}"
+        )
     if info.problem:
         click.echo(f"INVALID      {info.problem}")
         click.echo("             (reset it to start over: the data is left as found)")

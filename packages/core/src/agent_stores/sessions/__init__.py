@@ -48,6 +48,7 @@ capabilities — stays the core's, and the session contract suite must pass as i
 
 from __future__ import annotations
 
+from .catalog import SessionPage, SessionSummary
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -75,9 +76,11 @@ __all__ = [
     "SessionBusyError",
     "SessionError",
     "SessionInfo",
+    "SessionPage",
     "SessionPort",
     "SessionStore",
     "SessionStoreError",
+    "SessionSummary",
     "TransientStoreError",
     "Turn",
 ]

@@ -37,6 +37,10 @@ class SessionInfo:
     """When the session expires unless used again (None: never)."""
     problem: str | None = None
     """Set (and everything else is zero) when the stored state cannot be decoded."""
+    owner: str | None = None
+    """The subject the session belongs to (``turn(..., owner=...)``), if set."""
+    title: str | None = None
+    tags: tuple[str, ...] = ()
 
     @property
     def recovery_required(self) -> bool:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from .catalog import check_catalog
 from .errors import EffectCall
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ class StateHeader:
     released_by: str | None = None
     released_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: owner, title, tags, metadata and index bookkeeping (``catalog.py``); None: never set
+    catalog: dict[str, Any] | None = None
 
     @property
     def message_count(self) -> int:
@@ -153,6 +156,8 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
         else {"calls": [list(c) for c in header.recovery], "since": header.recovery_since},
         "created_at": header.created_at,
     }
+    if header.catalog is not None:
+        doc["catalog"] = header.catalog
     if header.extra:
         doc["extra"] = header.extra
     head = _COMPACT.encode(doc).encode()
@@ -174,6 +179,7 @@ class _KeptFields:
     recovery_since: float | None
     created_at: float
     extra: dict[str, Any]
+    catalog: dict[str, Any] | None
 
 
 # The kept part of the headers this process encoded lately, already decoded: the next
@@ -206,6 +212,7 @@ def _remember_kept(head: bytes, header: StateHeader) -> None:
         else float(header.recovery_since),
         float(header.created_at),
         dict(header.extra),
+        header.catalog,
     )
 
 
@@ -238,6 +245,7 @@ def _decode_known_header(head: bytes) -> StateHeader | None:
             released_by=None if released is None else _str(released["by"]),
             released_at=None if released is None else _num(released["at"]),
             extra=dict(kept.extra),
+            catalog=kept.catalog,
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -278,6 +286,7 @@ def _decode_header(head: bytes) -> StateHeader:
             released_by=None if released is None else _str(released["by"]),
             released_at=None if released is None else _num(released["at"]),
             extra=doc.get("extra") or {},
+            catalog=check_catalog(doc.get("catalog")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"the state header is malformed ({type(exc).__name__}: {exc})") from None

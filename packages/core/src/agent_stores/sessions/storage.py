@@ -50,6 +50,16 @@ from ..errors import (
 )
 from ..kv.base import Entry, KVStore, random_hex, within_deadline
 from .cache import CachedChunk, ChunkCache
+from .catalog import (
+    CatalogUpdate,
+    SessionPage,
+    applied,
+    check_prefixes,
+    listed_fields,
+    next_activity,
+    preview_of,
+)
+from .catalog_index import CatalogIndex
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -127,6 +137,9 @@ class LeaseHandle:
     uncertain: bytes | None = None
     #: whether that write released the lease
     uncertain_release: bool = False
+    #: the catalog field whose index write landed before a state write that did not
+    #: (a retried save reuses it instead of writing the index again)
+    indexed: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +231,9 @@ class KVSessionStorage:
         handover_courtesy_seconds: float = 0.1,
         waiter_hint_seconds: float = 0.5,
         port: SessionPort | None = None,
+        catalog_prefix: str = "session-owner:",
     ) -> None:
+        check_prefixes(scope_prefix, catalog_prefix)
         self.kv = kv
         #: the native port of the backend, or the generic one
         self.port: SessionPort = port or kv.ports.session or KVSessionPort(kv)
@@ -241,6 +256,8 @@ class KVSessionStorage:
         # Smoothed seconds of one backend call, as this process sees them (None: none yet).
         self._round_trip: float | None = None
         self._cleanup_tasks: set[asyncio.Task[None]] = set()
+        #: the owners' indexes (``catalog.py``)
+        self.catalog = CatalogIndex(kv, catalog_prefix, self._call, self._spawn)
 
     # -- identity -------------------------------------------------------------------------
 
@@ -1220,17 +1237,26 @@ class KVSessionStorage:
         await self._save(handle, messages, release=False)
 
     async def save_and_release(
-        self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None
+        self,
+        handle: LeaseHandle,
+        messages: Sequence[ModelMessage] | None,
+        catalog: CatalogUpdate | None = None,
     ) -> None:
-        """Save ``messages`` (None: keep the stored history) and release the lease, in one CAS."""
-        await self._save(handle, messages, release=True)
+        """Save ``messages`` (None: keep the stored history) and ``catalog`` fields, and release
+        the lease, in one CAS (after the owner's index write, when it is due)."""
+        await self._save(handle, messages, release=True, catalog=catalog)
 
     async def release(self, handle: LeaseHandle) -> None:
         """Release the lease without touching the history."""
         await self._save(handle, None, release=True)
 
     async def _save(
-        self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None, *, release: bool
+        self,
+        handle: LeaseHandle,
+        messages: Sequence[ModelMessage] | None,
+        *,
+        release: bool,
+        catalog: CatalogUpdate | None = None,
     ) -> None:
         if handle.lost:
             raise self._lost(handle)
@@ -1244,8 +1270,14 @@ class KVSessionStorage:
         recovery, since = header.recovery, header.recovery_since
         if recovery and messages is not None and effect_calls_succeeded(recovery, messages):
             recovery, since = (), None
+        count = sum(c.count for c in plan.chunks) + plan.tail_count
+        if release and (catalog is not None or header.catalog is not None):
+            new_catalog = await self._next_catalog(handle, catalog, messages, count, now)
+        else:
+            new_catalog = header.catalog
         new_header = replace(
             header,
+            catalog=new_catalog,
             lease=None if release else self._new_lease(handle, now),
             chunks=tuple(plan.chunks),
             tail_count=plan.tail_count,
@@ -1256,12 +1288,65 @@ class KVSessionStorage:
             released_at=now if release else None,
         )
         await self._cas_state(handle, new_header, plan.tail, plan.writes, release=release)
+        handle.indexed = None
         self._discard_later(handle.session_id, handle.scope, plan.obsolete)
         if messages is not None:
             handle.messages = self._as_stored(handle.scope, plan.chunks, messages)
         handle.pending_effects = recovery
         if not release:
             handle.lease_expires_at = now + self.lease_seconds
+
+    async def _next_catalog(
+        self,
+        handle: LeaseHandle,
+        update: CatalogUpdate | None,
+        messages: Sequence[ModelMessage] | None,
+        count: int,
+        now: float,
+    ) -> dict[str, Any] | None:
+        """The catalog field the turn's last write stores, its owner's index written first.
+
+        The index is rewritten when what a listing shows changed, when the session is not
+        indexed yet (or the last index write failed), and, on a store with a TTL, when the
+        entry is older than a quarter of it (so it never expires before the session).
+        A failed index write is logged; the state then records the session as not
+        indexed, and its next turn writes the index again.
+        """
+        if handle.indexed is not None:
+            return handle.indexed
+        old = handle.header.catalog
+        new = applied(old, update)
+        if messages is not None:
+            new["preview"] = preview_of(messages)
+        new["count"] = count
+        if not new.get("owner"):
+            return new
+        due = (
+            old is None
+            or not old.get("key")
+            or listed_fields(new) != listed_fields(old)
+            or (self.ttl_seconds is not None and now - (old.get("at") or 0) > self.ttl_seconds / 4)
+        )
+        if not due:
+            return new
+        new["at"] = next_activity(now, old.get("at") if old is not None else None)
+        try:
+            indexed = await self.catalog.write(
+                handle.session_id,
+                new,
+                old,
+                created_at=handle.header.created_at,
+                ttl=self.ttl_seconds,
+            )
+        except (ConflictError, SessionStoreError) as exc:
+            log.warning(
+                "session %r: its owner's index was not updated (%s); the next turn retries",
+                handle.session_id,
+                exc,
+            )
+            return {**new, "key": None, "v": None}
+        handle.indexed = indexed
+        return indexed
 
     async def clear_recovery(self, handle: LeaseHandle) -> bool:
         """Clear the recovery marker (keeping the history) and release. True if it was set."""
@@ -1292,6 +1377,16 @@ class KVSessionStorage:
             handle.lost = True
             raise self._lost(handle)
         self._discard_later(handle.session_id, handle.scope, handle.header.chunks)
+        catalog = handle.header.catalog
+        if catalog is not None and catalog.get("owner"):
+            try:
+                await self.catalog.remove(handle.session_id, catalog)
+            except SessionStoreError as exc:
+                log.warning(
+                    "session %r: deleted, but its owner's index still lists it (%s)",
+                    handle.session_id,
+                    exc,
+                )
 
     async def force_reset(self, session_id: str) -> bool:
         """Erase a session whose state record cannot be decoded (no one can hold its lease).
@@ -1463,6 +1558,9 @@ class KVSessionStorage:
             created_at=header.created_at,
             updated_at=header.updated_at,
             expires_at=entry.expires_at,
+            owner=(header.catalog or {}).get("owner"),
+            title=(header.catalog or {}).get("title"),
+            tags=tuple((header.catalog or {}).get("tags") or ()),
         )
 
     async def inspect(self, session_id: str) -> SessionInfo | None:
@@ -1546,6 +1644,12 @@ class KVSessionStorage:
                 break
             cursor = page[-1]
         return out
+
+    async def list_owner(
+        self, owner: str, *, limit: int, cursor: str | None, tags: Sequence[str] | None
+    ) -> SessionPage:
+        """One page of the owner's sessions, most recent first (see ``CatalogIndex.page``)."""
+        return await self.catalog.page(owner, limit=limit, cursor=cursor, tags=tags)
 
 
 class _MissingChunk(Exception):

@@ -8,7 +8,7 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -17,6 +17,7 @@ from .. import telemetry
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore, random_hex
 from ..lifecycle import KVBackedStore
+from .catalog import CatalogUpdate, SessionPage
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -130,6 +131,25 @@ class Session:
         self._replacement = items
         return NotAwaitable("Session.replace()", "it only records the history saved on exit")
 
+    def set_catalog(
+        self,
+        *,
+        owner: str | None = None,
+        title: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> NotAwaitable:
+        """Set catalog fields (owner, title, tags, metadata), saved with the turn on a clean exit.
+
+        Fields left None keep their value; a ``metadata`` key set to None is removed. Like
+        :meth:`replace` it does no I/O, and it merges with what ``turn(...)`` was given.
+        """
+        self._turn.check_usable()
+        update = CatalogUpdate.of(owner, title, tags, metadata)
+        if update is not None:
+            self._turn.set_catalog(update)
+        return NotAwaitable("Session.set_catalog()", "it only records fields saved on exit")
+
     @telemetry.traced("session.checkpoint", kv=lambda s: s._turn.store.kv)
     async def checkpoint(self, messages: Sequence[ModelMessage]) -> None:
         """Save ``messages`` now, keeping the turn; it stays saved even if the block fails later.
@@ -164,11 +184,19 @@ class Turn:
     Annotate with it when a turn is passed around before it is entered.
     """
 
-    def __init__(self, store: SessionStore, session_id: str, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        store: SessionStore,
+        session_id: str,
+        timeout_seconds: float,
+        catalog: CatalogUpdate | None = None,
+    ) -> None:
         self.store = store
         self.storage = store.storage
         self.session_id = session_id
         self.timeout_seconds = timeout_seconds
+        #: catalog fields saved with the turn (``turn(owner=...)``, ``Session.set_catalog``)
+        self.catalog = catalog
         self.handle: LeaseHandle | None = None
         self.session: Session | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -183,6 +211,21 @@ class Turn:
         self._finished = False
 
     # -- used by Session ------------------------------------------------------------------
+
+    def set_catalog(self, update: CatalogUpdate) -> None:
+        if update.owner is not None:
+            self.storage.catalog.scope_for(update.owner)
+            self.storage.catalog.check_session_id(self.session_id)
+        old = self.catalog or CatalogUpdate()
+        merged_meta = (
+            update.metadata if old.metadata is None else {**old.metadata, **(update.metadata or {})}
+        )
+        self.catalog = CatalogUpdate(
+            update.owner if update.owner is not None else old.owner,
+            update.title if update.title is not None else old.title,
+            update.tags if update.tags is not None else old.tags,
+            merged_meta,
+        )
 
     def check_usable(self) -> None:
         if self._failure is not None:
@@ -354,7 +397,10 @@ class Turn:
             if exc_type is None:
                 replacement = self.session._replacement
                 handle = self.handle
-                await self._retried_exit(lambda: self.storage.save_and_release(handle, replacement))
+                catalog = self.catalog
+                await self._retried_exit(
+                    lambda: self.storage.save_and_release(handle, replacement, catalog)
+                )
                 return False
             await self._release_quietly()
             return False
@@ -445,6 +491,9 @@ class SessionStore(KVBackedStore):
         (default 64 MiB): size it to the histories served at once (docs/sessions.md).
     ``tail_bytes``, ``chunk_bytes``, ``fanout``
         History layout tuning; see :class:`~agent_stores.sessions.storage.KVSessionStorage`.
+    ``catalog_prefix``
+        Prefix of the KV scopes of the owners' indexes (``list_owner_sessions``); neither
+        it nor ``scope_prefix`` may start with the other.
     ``port``
         The backend's native :class:`~agent_stores.sessions.port.SessionPort` (acquire +
         load, save + release). None: the one a plugin's ``session_port`` hook offers for
@@ -471,6 +520,7 @@ class SessionStore(KVBackedStore):
         chunk_bytes: int | None = None,
         fanout: int = 8,
         port: SessionPort | None = None,
+        catalog_prefix: str = "session-owner:",
     ) -> None:
         if not isinstance(kv, KVStore):
             raise ConfigError(detail=f"SessionStore needs a KVStore, got {type(kv).__name__}")
@@ -517,6 +567,7 @@ class SessionStore(KVBackedStore):
             handover_courtesy_seconds=courtesy,
             waiter_hint_seconds=max(4 * poll_max_seconds, 2 * courtesy),
             port=port,
+            catalog_prefix=catalog_prefix,
         )
         self._active: set[Turn] = set()
         self._queues: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -542,7 +593,16 @@ class SessionStore(KVBackedStore):
 
     # -- turns ----------------------------------------------------------------------------
 
-    def turn(self, session_id: str, timeout_seconds: float = 5.0) -> Turn:
+    def turn(
+        self,
+        session_id: str,
+        timeout_seconds: float = 5.0,
+        *,
+        owner: str | None = None,
+        title: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Turn:
         """Hold ``session_id`` exclusively for one turn: ``async with store.turn(id) as session``.
 
         Waits up to ``timeout_seconds`` for another turn to finish (then raises
@@ -551,12 +611,21 @@ class SessionStore(KVBackedStore):
         renewed in the background; if it is lost the task running the block is cancelled
         and the block raises ``SESSION_LEASE_LOST``. On a clean exit the history given to
         :meth:`Session.replace` is saved and the session released, in one write.
+
+        Catalog fields (``owner``, ``title``, ``tags``, ``metadata``; None keeps the stored
+        value) are saved in that same write on a clean exit. A session with an owner is
+        listed by :meth:`list_sessions` ``(owner=...)``; its owner's index is written just
+        before that write when what a listing shows changed (one request).
         """
         self._check_open()
         self.storage.scope_for(session_id)
         if timeout_seconds < 0:
             raise ValueError("timeout_seconds must be >= 0")
-        return Turn(self, session_id, timeout_seconds)
+        turn = Turn(self, session_id, timeout_seconds)
+        update = CatalogUpdate.of(owner, title, tags, metadata)
+        if update is not None:
+            turn.set_catalog(update)
+        return turn
 
     async def _acquire(
         self,
@@ -873,6 +942,56 @@ class SessionStore(KVBackedStore):
         self._check_open()
         return await self.storage.read_messages(session_id)
 
+    @telemetry.traced("session.list_owner")
+    async def list_owner_sessions(
+        self,
+        owner: str,
+        *,
+        limit: int = 20,
+        cursor: str | None = None,
+        tags: Sequence[str] | None = None,
+        order: str = "recent",
+    ) -> SessionPage:
+        """The owner's sessions, most recent activity first: one page and the next page's cursor.
+
+        Served from the owner's index: one range read and one batched read per page (more
+        only when ``tags`` filters entries out, or stale entries are skipped), never a read
+        of other owners' data nor of any history. ``tags``: only sessions carrying all of
+        them. Cursors are opaque; a session that becomes more recent while you page moves
+        to the front (it is not repeated on a later page).
+        """
+        self._check_open()
+        if order != "recent":
+            raise ValueError(f"order must be 'recent', got {order!r}")
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        return await self.storage.list_owner(owner, limit=limit, cursor=cursor, tags=tags)
+
+    async def set_catalog(
+        self,
+        session_id: str,
+        *,
+        owner: str | None = None,
+        title: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timeout_seconds: float = 5.0,
+    ) -> bool:
+        """Set catalog fields of an existing session outside a turn (takes its lease briefly).
+
+        False when the session does not exist (nothing is created).
+        """
+        self._check_open()
+        if CatalogUpdate.of(owner, title, tags, metadata) is None:
+            raise ValueError("set_catalog needs at least one of owner, title, tags, metadata")
+        if await self.storage.inspect(session_id) is None:
+            return False
+        async with self.turn(
+            session_id, timeout_seconds, owner=owner, title=title, tags=tags, metadata=metadata
+        ):
+            pass
+        return True
+
     @telemetry.traced("session.list")
     async def list_sessions(
         self,
@@ -885,7 +1004,8 @@ class SessionStore(KVBackedStore):
         """Sessions whose id starts with ``prefix``, in byte order (admin use: may be slow).
 
         Latched sessions (pending effect calls) are included; ``latched_only`` keeps only
-        them. Page with ``start_after=<last session_id>``.
+        them. Page with ``start_after=<last session_id>``. To list one owner's sessions use
+        :meth:`list_owner_sessions`, which reads only that owner's index.
         """
         self._check_open()
         out: list[SessionInfo] = []

@@ -1,0 +1,306 @@
+"""Reads and writes of the per-owner session index (layout in ``catalog.py``), on KV only."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from ..errors import ConflictError
+from ..kv.base import Create, Delete, KVStore, Operation, Replace
+from .catalog import (
+    POINTER_PREFIX,
+    RECENT_PREFIX,
+    SessionPage,
+    SessionSummary,
+    check_owner_text,
+    decode_cursor,
+    encode_cursor,
+    entry_value,
+    key_overhead,
+    pointed_key,
+    pointer_key,
+    pointer_value,
+    recent_key,
+    summary_of,
+)
+from .errors import InvalidSessionError
+
+log = logging.getLogger("agent_stores.sessions")
+
+T = TypeVar("T")
+
+#: Attempts at an index write that keeps meeting concurrent changes (a zombie turn).
+_WRITE_ATTEMPTS = 3
+
+
+class CatalogIndex:
+    """The owners' indexes of one session store: one KV scope per owner.
+
+    ``call(label, awaitable)`` runs every KV call (the storage's error translation).
+    """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        prefix: str,
+        call: Callable[[str, Awaitable[Any]], Awaitable[Any]],
+        spawn: Callable[[Awaitable[Any]], None],
+    ) -> None:
+        self.kv = kv
+        self.prefix = prefix
+        self._call = call
+        self._spawn = spawn
+
+    def scope_for(self, owner: str) -> str:
+        """The owner's index scope; ``InvalidSessionError`` for an owner the backend cannot hold."""
+        check_owner_text(owner)
+        limit = self.kv.limits.max_scope_chars - len(self.prefix)
+        if len(owner) > limit:
+            raise InvalidSessionError(
+                f"owner {owner[:40]!r}… is {len(owner)} characters; "
+                f"{self.kv.backend_name} allows at most {limit}"
+            )
+        return self.prefix + owner
+
+    def check_session_id(self, session_id: str) -> None:
+        """A session with an owner needs index keys the backend can hold."""
+        limit = self.kv.limits.max_key_chars - key_overhead()
+        if len(session_id) > limit:
+            raise InvalidSessionError(
+                f"session id {session_id[:40]!r}… is too long to be listed by owner: "
+                f"{len(session_id)} characters, {self.kv.backend_name} allows at most {limit}",
+                session_id=session_id[:80],
+            )
+
+    async def write(
+        self,
+        session_id: str,
+        catalog: Mapping[str, Any],
+        previous: Mapping[str, Any] | None,
+        *,
+        created_at: float,
+        ttl: float | None,
+    ) -> dict[str, Any]:
+        """Index ``catalog`` (with ``at`` set) for its owner; returns it with ``key`` and ``v``.
+
+        One commit on the owner's scope in the usual case: the previous entry deleted, the
+        new one and the pointer written. When the pointer is not at the version the previous
+        write left (that write's outcome was unknown, or a turn that lost its lease wrote
+        after it), the stored pointer is read and whatever it names is replaced too.
+        """
+        owner = catalog["owner"]
+        scope = self.scope_for(owner)
+        key = recent_key(catalog["at"], session_id)
+        value = entry_value(session_id, catalog, created_at)
+        pointer = pointer_key(session_id)
+        same_owner = previous is not None and previous.get("owner") == owner
+        old_key = previous.get("key") if previous is not None and same_owner else None
+        pointer_version = previous.get("v") if previous is not None and same_owner else None
+        if previous is not None and previous.get("owner") not in (None, owner):
+            self._spawn(self.remove(session_id, previous))
+        if not self.kv.capabilities.commit:
+            version = await self._write_stepwise(
+                session_id, scope, key, value, old_key, pointer_version, ttl
+            )
+            return {**catalog, "key": key, "v": version}
+        ops: list[Operation] = []
+        if old_key and old_key != key:
+            ops.append(Delete(old_key))
+        ops.append(Create(key, value, ttl))
+        ops.append(
+            Create(pointer, pointer_value(key), ttl)
+            if pointer_version is None
+            else Replace(pointer, pointer_value(key), pointer_version, ttl)
+        )
+        for _ in range(_WRITE_ATTEMPTS):
+            try:
+                versions = await self._call(session_id, self.kv.commit(scope, ops))
+            except ConflictError:
+                ops = await self._reconciled(session_id, scope, key, value, old_key, ttl)
+                continue
+            return {**catalog, "key": key, "v": versions[-1]}
+        raise ConflictError(
+            detail=f"session {session_id!r}: the owner's index kept changing under the write"
+        )
+
+    async def _write_stepwise(
+        self,
+        session_id: str,
+        scope: str,
+        key: str,
+        value: bytes,
+        old_key: str | None,
+        pointer_version: str | None,
+        ttl: float | None,
+    ) -> str:
+        """The write on a backend without an atomic commit, one key at a time, in an order
+        that keeps every intermediate state correct for a listing: the new entry (not yet
+        named by the pointer, so not listed), then the pointer (now the new entry is listed
+        and the old one stale), then the old entry's deletion. Returns the pointer's version.
+        """
+        call = self._call
+        try:
+            await call(session_id, self.kv.create(scope, key, value, ttl=ttl))
+        except ConflictError:  # a retried write left it: write it over
+            existing = await call(session_id, self.kv.get(scope, key))
+            if existing is None:
+                await call(session_id, self.kv.create(scope, key, value, ttl=ttl))
+            else:
+                await call(
+                    session_id,
+                    self.kv.replace(scope, key, value, expected_version=existing.version, ttl=ttl),
+                )
+        pointer, named = pointer_key(session_id), pointer_value(key)
+        stale = {old_key}
+        for _ in range(_WRITE_ATTEMPTS):
+            try:
+                version: str = await call(
+                    session_id,
+                    self.kv.create(scope, pointer, named, ttl=ttl)
+                    if pointer_version is None
+                    else self.kv.replace(
+                        scope, pointer, named, expected_version=pointer_version, ttl=ttl
+                    ),
+                )
+                break
+            except ConflictError:
+                stored = await call(session_id, self.kv.get(scope, pointer))
+                pointer_version = None if stored is None else stored.version
+                stale.add(None if stored is None else pointed_key(stored.value))
+        else:
+            raise ConflictError(
+                detail=f"session {session_id!r}: the owner's index kept changing under the write"
+            )
+        for old in stale - {None, key}:
+            assert old is not None
+            await call(session_id, self.kv.delete(scope, old))
+        return version
+
+    async def _reconciled(
+        self,
+        session_id: str,
+        scope: str,
+        key: str,
+        value: bytes,
+        old_key: str | None,
+        ttl: float | None,
+    ) -> list[Operation]:
+        """The commit that writes ``key`` over whatever the stored pointer names now."""
+        pointer = pointer_key(session_id)
+        current = await self._call(session_id, self.kv.get_many(scope, [pointer, key]))
+        stored_pointer = current.get(pointer)
+        named = pointed_key(stored_pointer.value) if stored_pointer is not None else None
+        ops: list[Operation] = [
+            Delete(k) for k in dict.fromkeys((old_key, named)) if k and k != key
+        ]
+        existing = current.get(key)
+        ops.append(
+            Create(key, value, ttl)
+            if existing is None
+            else Replace(key, value, existing.version, ttl)
+        )
+        ops.append(
+            Create(pointer, pointer_value(key), ttl)
+            if stored_pointer is None
+            else Replace(pointer, pointer_value(key), stored_pointer.version, ttl)
+        )
+        return ops
+
+    async def remove(self, session_id: str, catalog: Mapping[str, Any]) -> None:
+        """Take the session out of its owner's index (its entry and pointer)."""
+        owner = catalog.get("owner")
+        if not owner:
+            return
+        scope = self.scope_for(owner)
+        pointer = pointer_key(session_id)
+        stored = await self._call(session_id, self.kv.get(scope, pointer))
+        named = pointed_key(stored.value) if stored is not None else None
+        entries = [k for k in dict.fromkeys((catalog.get("key"), named)) if k]
+        if not self.kv.capabilities.commit:
+            # The pointer first: from then on its entries are stale, never listed.
+            if stored is not None:
+                await self._call(
+                    session_id, self.kv.delete(scope, pointer, expected_version=stored.version)
+                )
+            for key in entries:
+                await self._call(session_id, self.kv.delete(scope, key))
+            return
+        ops: list[Operation] = [Delete(k) for k in entries]
+        if stored is not None:
+            ops.append(Delete(pointer, stored.version))
+        if ops:
+            try:
+                await self._call(session_id, self.kv.commit(scope, ops))
+            except ConflictError:
+                log.info("session %r: re-indexed while being removed; left as is", session_id)
+
+    async def page(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        cursor: str | None,
+        tags: Sequence[str] | None,
+    ) -> SessionPage:
+        """Up to ``limit`` of the owner's sessions, most recent first, after ``cursor``.
+
+        Two requests when no entry is stale and no tag filter skips entries: one range
+        read of ``r/`` (``limit + 1`` entries, to know whether more follow) and one batched
+        read of their pointers.
+        """
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        scope = self.scope_for(owner)
+        start_after = decode_cursor(cursor) if cursor is not None else None
+        wanted = set(tags or ())
+        out: list[SessionSummary] = []
+        while True:
+            want = limit - len(out)
+            page = await self._call(
+                owner,
+                self.kv.scan(scope, prefix=RECENT_PREFIX, start_after=start_after, limit=want + 1),
+            )
+            if not page:
+                return SessionPage(out, None)
+            if want == 0:  # the page filled up exactly at the end of the previous read
+                return SessionPage(out, encode_cursor(start_after or ""))
+            ids = {item.key: item.key.split("/", 2)[2] for item in page}
+            pointers = await self._call(
+                owner,
+                self.kv.get_many(scope, [pointer_key(i) for i in dict.fromkeys(ids.values())]),
+            )
+            for item in page:
+                if len(out) == limit:
+                    # An entry follows the last one returned: there may be more.
+                    return SessionPage(out, encode_cursor(start_after or ""))
+                start_after = item.key
+                stored = pointers.get(pointer_key(ids[item.key]))
+                if stored is None or pointed_key(stored.value) != item.key:
+                    assert item.entry is not None
+                    self._spawn(
+                        self.kv.delete(scope, item.key, expected_version=item.entry.version)
+                    )
+                    continue
+                assert item.entry is not None
+                summary = summary_of(owner, item.entry.value)
+                if summary is None:
+                    log.warning(
+                        "owner index %r: entry %r does not decode; skipped", scope, item.key
+                    )
+                    continue
+                if wanted and not wanted.issubset(summary.tags):
+                    continue
+                out.append(summary)
+            if len(page) <= want:
+                return SessionPage(out, None)
+
+    async def session_ids(self, owner: str) -> list[str]:
+        """Every session the owner's index names (its pointers), in byte order."""
+        scope = self.scope_for(owner)
+        return [
+            item.key[len(POINTER_PREFIX) :]
+            async for item in self.kv.iter_scan(
+                scope, prefix=POINTER_PREFIX, page_size=500, values=False
+            )
+        ]
