@@ -691,7 +691,8 @@ def bench(session: nox.Session) -> None:
     operation's latency behind a 20 ms proxy (``benchmarks/latency.py``), both written to
     docs/requests.md; then memory recall by meaning (``benchmarks/recall.py``: recall@5 and
     MRR per search mode on WordNet glosses, search latency at 1k-100k passages) and the
-    requests of the admin walks over 1k and 10k scopes (``benchmarks/scope_walk.py``), added
+    requests of the admin walks over 1k and 10k scopes (``benchmarks/scope_walk.py``) and of
+    one owner's session listing among 1k and 10k sessions (``benchmarks/catalog.py``), added
     to docs/benchmarks.md. ``-- --quick``: short, nothing written."""
     _install(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
@@ -747,6 +748,7 @@ def bench(session: nox.Session) -> None:
         recall_page = [] if quick else ["--markdown", "docs/benchmarks.md"]
         session.run("python", "benchmarks/recall.py", *quick, *recall_page, env=env)
         session.run("python", "benchmarks/scope_walk.py", *quick, *recall_page, env=env)
+        session.run("python", "benchmarks/catalog.py", *quick, *recall_page, env=env)
 
 
 @nox.session(name="contract-stress", python=False)

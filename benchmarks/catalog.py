@@ -32,10 +32,10 @@ from agent_stores_contract.request_counts import Meter
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 try:  # run as a script (python benchmarks/catalog.py) or imported as a module
-    from pages import replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
+    from pages import load_line, replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
     from scope_walk import RedisCommands  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
-    from benchmarks.pages import replace_or_add_section
+    from benchmarks.pages import load_line, replace_or_add_section
     from benchmarks.scope_walk import RedisCommands
 
 START, END = "<!-- catalog:start -->", "<!-- catalog:end -->"
@@ -103,7 +103,7 @@ async def measure(target: Target, sessions: int, filled: int) -> tuple[dict[str,
     store = connect(kv).sessions(owns_kv=True, scope_prefix="bench-session:")
     try:
         await kv.setup()
-        semaphore = asyncio.Semaphore(16)
+        semaphore = asyncio.Semaphore(8)
 
         async def one(i: int) -> None:
             async with semaphore, store.turn(f"s{i:05d}", owner=owner_of(i)) as s:
@@ -167,7 +167,6 @@ def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
             for n in sizes
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    one, five, _ = os.getloadavg()
     lines += [
         "",
         "A page is one range read of the owner's index and one batched read of its pointers "
@@ -176,8 +175,7 @@ def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
         "is the server's time for the same two requests, which grows with everything the "
         "emulator holds.",
         "",
-        f"_load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPU(s); "
-        "`python benchmarks/catalog.py`._",
+        f"_{load_line()}; `python benchmarks/catalog.py`._",
     ]
     return "\n".join(lines)
 

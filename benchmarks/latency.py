@@ -32,10 +32,10 @@ from agent_stores_contract import proxying
 from agent_stores_contract.request_counts import OPERATIONS, Meter, Operations, prepare_backend
 
 try:  # run as a script (python benchmarks/latency.py) or imported as benchmarks.latency
-    from pages import replace_section  # type: ignore[import-not-found,unused-ignore]
+    from pages import load_line, replace_section  # type: ignore[import-not-found,unused-ignore]
     from proxy import DelayProxy  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
-    from benchmarks.pages import replace_section
+    from benchmarks.pages import load_line, replace_section
     from benchmarks.proxy import DelayProxy
 
 BACKENDS = ("redis", "postgres", "dynamodb", "cosmos", "firestore")
@@ -176,11 +176,6 @@ def table(results: dict[str, dict[str, Row]]) -> str:
             )
         lines.append(f"| {operation} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def load_line() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPU(s)"
 
 
 def main() -> None:

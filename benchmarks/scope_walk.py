@@ -36,9 +36,9 @@ from agent_stores.transfer import Transfer
 from agent_stores_contract.request_counts import Meter
 
 try:  # run as a script (python benchmarks/scope_walk.py) or imported as a module
-    from pages import replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
+    from pages import load_line, replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
-    from benchmarks.pages import replace_or_add_section
+    from benchmarks.pages import load_line, replace_or_add_section
 
 START, END = "<!-- scope-walk:start -->", "<!-- scope-walk:end -->"
 MEMORY_PREFIX = "memory:"
@@ -176,15 +176,13 @@ def table(results: dict[str, dict[int, dict[str, int]]]) -> str:
         for n, row in sizes.items():
             cells = [f"{row[k]:,} ({row[k] / n:.2f})" for k in ("walk", "before", "copy", "doctor")]
             lines.append(f"| {name} | {n:,} | " + " | ".join(cells) + " |")
-    one, five, _ = os.getloadavg()
     lines += [
         "",
         "Linear: the requests per scope stay flat from 1k to 10k scopes. The listing before "
         "`iter_scopes` walked the whole keyspace (Redis SCAN) or table (DynamoDB Scan) for "
         "each page of 500.",
         "",
-        f"_load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPU(s); "
-        "`python benchmarks/scope_walk.py`._",
+        f"_{load_line()}; `python benchmarks/scope_walk.py`._",
     ]
     return "\n".join(lines)
 

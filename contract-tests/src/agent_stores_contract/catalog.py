@@ -16,17 +16,28 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from agent_stores import connect
 from agent_stores.kv.counting import CountingKV
-from agent_stores.sessions import InvalidSessionError, KVSessionPort, SessionStore
-from agent_stores.sessions.catalog import pointer_key, recent_key
+from agent_stores.sessions import (
+    InvalidSessionError,
+    KVSessionPort,
+    OwnerErasingError,
+    SessionError,
+    SessionStore,
+)
+from agent_stores.sessions.catalog import ERASING_KEY, pointer_key, recent_key
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
-from .base import ContractBase, KVFactory
+from .base import REAL_TIME_LIMIT_SECONDS, ContractBase, KVFactory, require_capability
 
 SessionsFactory = Callable[..., Awaitable[SessionStore]]
 
@@ -49,6 +60,30 @@ def tick(store: SessionStore, step: float) -> Callable[[], None]:
 
     store.kv.clock = lambda: base() + state["now"]
     return advance
+
+
+async def raw_entries(store: SessionStore, scope: str) -> dict[str, tuple[bytes, str]]:
+    """Every live entry of a KV scope: key -> (value, version)."""
+    found: dict[str, tuple[bytes, str]] = {}
+    async for item in store.kv.iter_scan(scope, page_size=500):
+        assert item.entry is not None
+        found[item.key] = (item.entry.value, item.entry.version)
+    return found
+
+
+async def populate_owners(store: SessionStore, ns: str) -> tuple[list[str], list[str]]:
+    """Four sessions of ``<ns>-alice`` (history in chunks, one latched) and, untouched by
+    an erase of alice, two of ``<ns>-bob`` and one without an owner. Returns the alice
+    session ids and every other session id."""
+    alice = [f"{ns}:alice-{i}" for i in range(4)]
+    others = [f"{ns}:bob-0", f"{ns}:bob-1", f"{ns}:nobody"]
+    for sid in [*alice, *others]:
+        owner = f"{ns}-alice" if sid in alice else f"{ns}-bob" if "bob" in sid else None
+        for turn in range(3):
+            await talk(store, sid, f"{turn} " + "padding " * 60, owner=owner)
+    async with store.turn(alice[0]) as session:
+        await session.mark_effects([("send_money", "call-1")])  # latched
+    return alice, others
 
 
 async def talk(store: SessionStore, sid: str, text: str, **catalog: Any) -> None:
@@ -328,3 +363,117 @@ class CatalogBehaviours(ContractBase):
             await store.list_owner_sessions(f"{ns}-o", order="oldest")
         (summary,) = (await store.list_owner_sessions(f"{ns}-o")).sessions
         assert (summary.session_id, summary.title, summary.message_count) == (sid, "Kept", 2)
+
+    # -- erasing an owner's sessions ------------------------------------------------------
+
+    async def test_erase_owner_removes_everything_of_the_owner_and_nothing_else(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """erase_owner drops every session of the owner — state, history chunks, a latched
+        recovery marker — and its index; the report names them with zero entries left; the
+        other owner's and an unowned session's entries are identical, value and version,
+        before and after; a second erase finds nothing."""
+        store = await sessions_factory(tail_bytes=256)
+        alice, others = await populate_owners(store, ns)
+        kept_scopes = [store.storage.scope_for(sid) for sid in others]
+        kept_scopes.append(store.storage.catalog.scope_for(f"{ns}-bob"))
+        before = {scope: await raw_entries(store, scope) for scope in kept_scopes}
+        assert all(before.values())
+        assert any(k.startswith("h/") for k in before[kept_scopes[0]])  # chunks exist
+
+        report = await store.erase_owner(f"{ns}-alice")
+        assert sorted(report.sessions) == sorted(alice)
+        assert report.complete and report.entries_left == 0 and not report.resumed
+        assert report.scopes_checked == len(alice) + 1
+        for sid in alice:
+            assert await store.inspect(sid) is None
+            assert await raw_entries(store, store.storage.scope_for(sid)) == {}
+        assert (await store.list_owner_sessions(f"{ns}-alice")).sessions == []
+        index = await raw_entries(store, store.storage.catalog.scope_for(f"{ns}-alice"))
+        assert all(key.startswith("x/") for key in index), index  # only the hashed tombstones
+        for scope in kept_scopes:
+            assert await raw_entries(store, scope) == before[scope], scope
+        again = await store.erase_owner(f"{ns}-alice")
+        assert again.sessions == () and again.complete
+
+    async def test_erase_owner_fences_out_turns_of_the_owner(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """A turn holding one of the owner's sessions while it is erased saves nothing (its
+        exit raises a session error), and the session stays erased and unlisted; while an
+        erase is unfinished (its marker in the owner's index) a turn for the owner is
+        refused with OwnerErasingError; the next erase completes it (resumed) and the owner
+        can be used again."""
+        store = await sessions_factory()
+        eraser = await sessions_factory()
+        owner, sid = f"{ns}-alice", f"{ns}:held"
+        await talk(store, sid, "before", owner=owner)
+        entered, go = asyncio.Event(), asyncio.Event()
+
+        async def holder() -> None:
+            async with store.turn(sid) as session:
+                entered.set()
+                await go.wait()
+                session.replace([*session.messages, *exchange("q", "written after the erase")])
+
+        task = asyncio.create_task(holder())
+        await asyncio.wait_for(entered.wait(), REAL_TIME_LIMIT_SECONDS)
+        report = await eraser.erase_owner(owner)
+        assert report.sessions == (sid,) and report.complete
+        go.set()
+        with pytest.raises(SessionError):
+            await task
+        await store.storage.drain()
+        assert await eraser.inspect(sid) is None
+        assert (await eraser.list_owner_sessions(owner)).sessions == []
+
+        scope = eraser.storage.catalog.scope_for(owner)
+        await eraser.kv.create(scope, ERASING_KEY, b'{"since": 0}')  # an erase cut off
+        with pytest.raises(OwnerErasingError):
+            await talk(store, f"{ns}:new", "refused", owner=owner)
+        resumed = await eraser.erase_owner(owner)
+        assert resumed.resumed and resumed.complete
+        await talk(store, f"{ns}:later", "welcome back", owner=owner)
+        listed = (await eraser.list_owner_sessions(owner)).sessions
+        assert [s.session_id for s in listed] == [f"{ns}:later"]
+
+    async def test_erase_owner_killed_midway_then_run_again_completes(
+        self, sessions_factory: SessionsFactory, store_url: str, ns: str
+    ) -> None:
+        """A process erasing the owner is SIGKILLed after two of four sessions were dropped;
+        erase_owner run again reports the erase resumed and complete, every session of the
+        owner gone, and every entry of the other sessions unchanged."""
+        store = await sessions_factory(tail_bytes=256)
+        require_capability(
+            store.kv, "shared_across_processes", "a second process cannot share its data"
+        )
+        alice, others = await populate_owners(store, ns)
+        kept_scopes = [store.storage.scope_for(sid) for sid in others]
+        before = {scope: await raw_entries(store, scope) for scope in kept_scopes}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agent_stores_contract.session_workers",
+            "erase-owner",
+            store_url,
+            f"{ns}-alice",
+            "2",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), REAL_TIME_LIMIT_SECONDS)
+            assert json.loads(line or b"null") == {"dropped": 2}, await proc.stderr.read()  # type: ignore[union-attr]
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+        assert sum([await store.inspect(sid) is None for sid in alice]) == 2
+        report = await store.erase_owner(f"{ns}-alice")
+        assert report.resumed and report.complete
+        assert set(report.sessions) <= set(alice)
+        for sid in alice:
+            assert await raw_entries(store, store.storage.scope_for(sid)) == {}
+        for scope in kept_scopes:
+            assert await raw_entries(store, scope) == before[scope], scope

@@ -193,11 +193,31 @@ async def agent_turn(url: str, session_id: str, prompt: str) -> None:
     emit({"output": result.output, "messages": len(result.all_messages())})
 
 
+async def erase_owner(url: str, owner: str, stop_after: str) -> None:
+    """Erase ``owner``'s sessions, stopping for good after ``stop_after`` sessions were
+    dropped (it prints ``{"dropped": N}`` and waits to be killed)."""
+    async with open_sessions(url) as store:
+        drop = store.kv.drop_scope
+        dropped = 0
+
+        async def counted(scope: str) -> int:
+            nonlocal dropped
+            if dropped >= int(stop_after):
+                emit({"dropped": dropped})
+                await asyncio.sleep(3600)
+            dropped += 1
+            return await drop(scope)
+
+        store.kv.drop_scope = counted  # type: ignore[method-assign]
+        await store.erase_owner(owner)
+
+
 WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "turns": turns,
     "hold": hold,
     "effect": effect,
     "agent-turn": agent_turn,
+    "erase-owner": erase_owner,
 }
 
 

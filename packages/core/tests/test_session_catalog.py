@@ -192,3 +192,18 @@ def test_sessions_list_by_owner_cli(tmp_path: Path) -> None:
     assert "owner        bob; title Chat 4; tags t" in shown.output
     nobody = runner.invoke(cli, ["sessions", url, "list", "--owner", "carol"])
     assert nobody.exit_code == 0 and "no sessions of owner 'carol'" in nobody.output
+
+
+def test_erase_owner_cli(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    asyncio.run(_populate(url))
+    runner = CliRunner()
+    erased = runner.invoke(cli, ["sessions", url, "erase-owner", "alice"])
+    assert erased.exit_code == 0, erased.output
+    assert "erased 4 sessions of owner 'alice'" in erased.output
+    assert "verified: 5 scopes read back, 0 entries left" in erased.output
+    again = runner.invoke(cli, ["sessions", url, "erase-owner", "alice", "--json"])
+    report = json.loads(again.output)
+    assert report["sessions"] == [] and report["complete"] is True
+    listed = runner.invoke(cli, ["sessions", url, "list"])
+    assert [line.split("\t")[0] for line in listed.output.splitlines()] == ["chat-4"]

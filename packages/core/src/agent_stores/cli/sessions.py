@@ -1,4 +1,4 @@
-"""``agent-stores sessions URL list | show ID | reset ID | clear-recovery ID``."""
+"""``agent-stores sessions URL list | show ID | reset ID | erase-owner OWNER | clear-recovery ID``."""
 
 from __future__ import annotations
 
@@ -276,6 +276,34 @@ async def reset(target: Target, session_id: str) -> None:
     click.echo(
         f"reset {session_id}" if existed else f"no session {session_id!r} (nothing to reset)"
     )
+
+
+@sessions.command("erase-owner")
+@click.argument("owner")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (keep it).")
+@click.pass_obj
+@run_async
+async def erase_owner(target: Target, owner: str, as_json: bool) -> None:
+    """Erase every session of OWNER (history, latch, index) and verify nothing is left.
+
+    Run it again after an interruption: it resumes. Memory and run journals are not
+    touched. Exits 1 when entries are left.
+    """
+    async with _open(target) as store:
+        report = await store.erase_owner(owner)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        resumed = " (resumed an unfinished erase)" if report.resumed else ""
+        click.echo(f"erased {len(report.sessions)} sessions of owner {owner!r}{resumed}")
+        for session_id in report.sessions:
+            click.echo(f"  {session_id}")
+        click.echo(
+            f"verified: {report.scopes_checked} scopes read back, "
+            f"{report.entries_left} entries left"
+        )
+    if not report.complete:
+        raise SystemExit(1)
 
 
 @sessions.command("clear-recovery")

@@ -48,11 +48,12 @@ capabilities — stays the core's, and the session contract suite must pass as i
 
 from __future__ import annotations
 
-from .catalog import SessionPage, SessionSummary
+from .catalog import OwnerErasure, SessionPage, SessionSummary
 from .errors import (
     EffectCall,
     InvalidSessionError,
     LeaseLostError,
+    OwnerErasingError,
     RecoveryRequiredError,
     SessionBusyError,
     SessionError,
@@ -71,6 +72,8 @@ __all__ = [
     "InvalidSessionError",
     "KVSessionPort",
     "LeaseLostError",
+    "OwnerErasingError",
+    "OwnerErasure",
     "RecoveryRequiredError",
     "Session",
     "SessionBusyError",

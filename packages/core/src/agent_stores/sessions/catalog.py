@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import math
 import re
@@ -45,6 +46,12 @@ if TYPE_CHECKING:
 
 RECENT_PREFIX = "r/"
 POINTER_PREFIX = "s/"
+#: Present in an owner's index while :meth:`SessionStore.erase_owner` runs: index writes
+#: for the owner are refused (so are the turns that make them).
+ERASING_KEY = "~erasing"
+#: ``x/<hash of a session id>``: a session erased moments ago (expires after two leases),
+#: so a turn that held it during the erase cannot list it again afterwards.
+ERASED_PREFIX = "x/"
 
 #: Bounds of the catalog fields (a header stays small; a listing page stays one read).
 MAX_TITLE_CHARS = 200
@@ -86,6 +93,40 @@ class SessionPage:
     sessions: list[SessionSummary]
     cursor: str | None
     """Pass it as ``cursor=`` for the next page; None when there are no more sessions."""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerErasure:
+    """What :meth:`SessionStore.erase_owner` removed and verified: keep it as evidence."""
+
+    owner: str
+    sessions: tuple[str, ...]
+    """The sessions erased (state, history, waiting queue, index entries), by id."""
+    scopes_checked: int
+    """KV scopes read back after the erase: every erased session's and the owner's index."""
+    entries_left: int
+    """Entries found in those scopes afterwards; 0 means the erase is complete."""
+    resumed: bool
+    """An earlier erase of this owner had started and not finished (this one completed it)."""
+    started_at: float
+    finished_at: float
+
+    @property
+    def complete(self) -> bool:
+        return self.entries_left == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, for an audit log."""
+        return {
+            "owner": self.owner,
+            "sessions": list(self.sessions),
+            "scopes_checked": self.scopes_checked,
+            "entries_left": self.entries_left,
+            "complete": self.complete,
+            "resumed": self.resumed,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +286,11 @@ def next_activity(now: float, previous: float | None) -> float:
     if previous is not None:
         ms = max(ms, round(previous * 1000) + 1)
     return ms / 1000
+
+
+def erased_key(session_id: str) -> str:
+    """The tombstone key of an erased session: a hash, so it holds no id after the erase."""
+    return ERASED_PREFIX + hashlib.sha256(session_id.encode()).hexdigest()[:32]
 
 
 def pointer_key(session_id: str) -> str:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ConflictError
-from ..kv.base import Create, Delete, KVStore, Operation, Replace
+from ..kv.base import Check, Create, Delete, KVStore, Operation, Replace
 from .catalog import (
+    ERASING_KEY,
     POINTER_PREFIX,
     RECENT_PREFIX,
     SessionPage,
@@ -17,6 +18,7 @@ from .catalog import (
     decode_cursor,
     encode_cursor,
     entry_value,
+    erased_key,
     key_overhead,
     pointed_key,
     pointer_key,
@@ -24,7 +26,7 @@ from .catalog import (
     recent_key,
     summary_of,
 )
-from .errors import InvalidSessionError
+from .errors import InvalidSessionError, OwnerErasingError
 
 log = logging.getLogger("agent_stores.sessions")
 
@@ -32,6 +34,16 @@ T = TypeVar("T")
 
 #: Attempts at an index write that keeps meeting concurrent changes (a zombie turn).
 _WRITE_ATTEMPTS = 3
+
+
+class _EntryWrite(NamedTuple):
+    """One index write: the session's new ``r/`` entry in its owner's scope."""
+
+    session_id: str
+    scope: str
+    key: str
+    value: bytes
+    ttl: float | None
 
 
 class CatalogIndex:
@@ -101,10 +113,11 @@ class CatalogIndex:
             self._spawn(self.remove(session_id, previous))
         if not self.kv.capabilities.commit:
             version = await self._write_stepwise(
-                session_id, scope, key, value, old_key, pointer_version, ttl
+                _EntryWrite(session_id, scope, key, value, ttl), old_key, pointer_version
             )
             return {**catalog, "key": key, "v": version}
-        ops: list[Operation] = []
+        # Refused while the owner is being erased, or the session was erased moments ago.
+        ops: list[Operation] = [Check(ERASING_KEY, None), Check(erased_key(session_id), None)]
         if old_key and old_key != key:
             ops.append(Delete(old_key))
         ops.append(Create(key, value, ttl))
@@ -117,7 +130,9 @@ class CatalogIndex:
             try:
                 versions = await self._call(session_id, self.kv.commit(scope, ops))
             except ConflictError:
-                ops = await self._reconciled(session_id, scope, key, value, old_key, ttl)
+                ops = await self._reconciled(
+                    _EntryWrite(session_id, scope, key, value, ttl), old_key
+                )
                 continue
             return {**catalog, "key": key, "v": versions[-1]}
         raise ConflictError(
@@ -125,21 +140,19 @@ class CatalogIndex:
         )
 
     async def _write_stepwise(
-        self,
-        session_id: str,
-        scope: str,
-        key: str,
-        value: bytes,
-        old_key: str | None,
-        pointer_version: str | None,
-        ttl: float | None,
+        self, write: _EntryWrite, old_key: str | None, pointer_version: str | None
     ) -> str:
         """The write on a backend without an atomic commit, one key at a time, in an order
         that keeps every intermediate state correct for a listing: the new entry (not yet
         named by the pointer, so not listed), then the pointer (now the new entry is listed
         and the old one stale), then the old entry's deletion. Returns the pointer's version.
         """
+        session_id, scope, key, value, ttl = write
         call = self._call
+        # Without a commit to check the marker in, read it first. An erase that starts
+        # after this read finds what this write adds on its next pass over the index.
+        if await call(session_id, self.kv.get_many(scope, [ERASING_KEY, erased_key(session_id)])):
+            raise self._erasing(session_id, scope)
         try:
             await call(session_id, self.kv.create(scope, key, value, ttl=ttl))
         except ConflictError:  # a retried write left it: write it over
@@ -177,23 +190,18 @@ class CatalogIndex:
             await call(session_id, self.kv.delete(scope, old))
         return version
 
-    async def _reconciled(
-        self,
-        session_id: str,
-        scope: str,
-        key: str,
-        value: bytes,
-        old_key: str | None,
-        ttl: float | None,
-    ) -> list[Operation]:
+    async def _reconciled(self, write: _EntryWrite, old_key: str | None) -> list[Operation]:
         """The commit that writes ``key`` over whatever the stored pointer names now."""
+        session_id, scope, key, value, ttl = write
         pointer = pointer_key(session_id)
-        current = await self._call(session_id, self.kv.get_many(scope, [pointer, key]))
+        fences = [ERASING_KEY, erased_key(session_id)]
+        current = await self._call(session_id, self.kv.get_many(scope, [pointer, key, *fences]))
+        if any(k in current for k in fences):
+            raise self._erasing(session_id, scope)
         stored_pointer = current.get(pointer)
         named = pointed_key(stored_pointer.value) if stored_pointer is not None else None
-        ops: list[Operation] = [
-            Delete(k) for k in dict.fromkeys((old_key, named)) if k and k != key
-        ]
+        ops: list[Operation] = [Check(k, None) for k in fences]
+        ops += [Delete(k) for k in dict.fromkeys((old_key, named)) if k and k != key]
         existing = current.get(key)
         ops.append(
             Create(key, value, ttl)
@@ -206,6 +214,14 @@ class CatalogIndex:
             else Replace(pointer, pointer_value(key), stored_pointer.version, ttl)
         )
         return ops
+
+    def _erasing(self, session_id: str, scope: str) -> OwnerErasingError:
+        owner = scope[len(self.prefix) :]
+        return OwnerErasingError(
+            f"session {session_id!r}: the sessions of owner {owner!r} are being (or were "
+            "moments ago) erased; the turn was not saved",
+            session_id=session_id,
+        )
 
     async def remove(self, session_id: str, catalog: Mapping[str, Any]) -> None:
         """Take the session out of its owner's index (its entry and pointer)."""
@@ -295,12 +311,16 @@ class CatalogIndex:
             if len(page) <= want:
                 return SessionPage(out, None)
 
-    async def session_ids(self, owner: str) -> list[str]:
-        """Every session the owner's index names (its pointers), in byte order."""
+    async def named(self, owner: str) -> dict[str, list[str]]:
+        """Every session the owner's index names (by a pointer or an entry) -> its keys there."""
         scope = self.scope_for(owner)
-        return [
-            item.key[len(POINTER_PREFIX) :]
-            async for item in self.kv.iter_scan(
-                scope, prefix=POINTER_PREFIX, page_size=500, values=False
-            )
-        ]
+        found: dict[str, list[str]] = {}
+        async for item in self.kv.iter_scan(scope, page_size=500, values=False):
+            if item.key.startswith(POINTER_PREFIX):
+                session_id = item.key[len(POINTER_PREFIX) :]
+            elif item.key.startswith(RECENT_PREFIX) and item.key.count("/") >= 2:
+                session_id = item.key.split("/", 2)[2]
+            else:
+                continue
+            found.setdefault(session_id, []).append(item.key)
+        return found

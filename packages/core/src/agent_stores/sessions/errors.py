@@ -79,6 +79,11 @@ class SessionStoreError(SessionError):
     default_severity = Severity.CRITICAL
 
 
+class OwnerErasingError(SessionStoreError):
+    """The session's owner is being erased (``erase_owner``): the turn was refused, nothing
+    of it was saved (``SESSION_STORE_FAILURE``)."""
+
+
 class TransientStoreError(SessionStoreError):
     """The backend could not be reached or timed out (``SESSION_STORE_UNAVAILABLE``); the
     same operation may succeed if retried.

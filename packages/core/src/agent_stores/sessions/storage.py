@@ -35,6 +35,7 @@ The caller serializes calls on one handle; different handles may be used concurr
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -51,10 +52,13 @@ from ..errors import (
 from ..kv.base import Entry, KVStore, random_hex, within_deadline
 from .cache import CachedChunk, ChunkCache
 from .catalog import (
+    ERASING_KEY,
     CatalogUpdate,
+    OwnerErasure,
     SessionPage,
     applied,
     check_prefixes,
+    erased_key,
     listed_fields,
     next_activity,
     preview_of,
@@ -64,6 +68,7 @@ from .errors import (
     EffectCall,
     InvalidSessionError,
     LeaseLostError,
+    OwnerErasingError,
     RecoveryRequiredError,
     SessionStoreError,
     TransientStoreError,
@@ -105,6 +110,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("agent_stores.sessions")
 
 T = TypeVar("T")
+
+#: Passes of ``erase_owner`` over the owner's index (each finds what turns added meanwhile).
+_ERASE_PASSES = 5
 
 #: Errors after which the same operation may succeed if retried.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
@@ -377,6 +385,18 @@ class KVSessionStorage:
             raise self._invalid(session_id, str(exc)) from None
 
     # -- sizes and TTLs -------------------------------------------------------------------
+
+    @property
+    def index_ttl(self) -> float | None:
+        """TTL of an owner's index entries: they outlive the session they name.
+
+        The index is rewritten by a turn when its entry is older than a quarter of the
+        session TTL, so at the session's last turn the entry is at most that old; the
+        session expires a TTL after that turn (plus a lease's margin).
+        """
+        if self.ttl_seconds is None:
+            return None
+        return self.ttl_seconds * 1.25 + self.lease_seconds
 
     @property
     def chunk_ttl(self) -> float | None:
@@ -1310,7 +1330,10 @@ class KVSessionStorage:
         indexed yet (or the last index write failed), and, on a store with a TTL, when the
         entry is older than a quarter of it (so it never expires before the session).
         A failed index write is logged; the state then records the session as not
-        indexed, and its next turn writes the index again.
+        indexed, and its next turn writes the index again — except the first write for an
+        owner, whose failure fails the save (the owner's index must name every session of
+        the owner, for ``erase_owner``), and a write refused because the owner is being
+        erased (:class:`OwnerErasingError`: the turn is fenced out).
         """
         if handle.indexed is not None:
             return handle.indexed
@@ -1330,23 +1353,32 @@ class KVSessionStorage:
         if not due:
             return new
         new["at"] = next_activity(now, old.get("at") if old is not None else None)
+        # Listed: an index write for this owner has landed once, so its pointer exists.
+        listed = old is not None and old.get("owner") == new["owner"] and bool(old.get("listed"))
+        new.pop("listed", None)
         try:
             indexed = await self.catalog.write(
                 handle.session_id,
                 new,
                 old,
                 created_at=handle.header.created_at,
-                ttl=self.ttl_seconds,
+                ttl=self.index_ttl,
             )
+        except OwnerErasingError:
+            raise
         except (ConflictError, SessionStoreError) as exc:
+            if not listed:
+                # The index must name every session of an owner (erase_owner finds them
+                # there): a session not yet listed for this owner is not saved without it.
+                raise
             log.warning(
                 "session %r: its owner's index was not updated (%s); the next turn retries",
                 handle.session_id,
                 exc,
             )
-            return {**new, "key": None, "v": None}
-        handle.indexed = indexed
-        return indexed
+            return {**new, "key": None, "v": None, "listed": True}
+        handle.indexed = {**indexed, "listed": True}
+        return handle.indexed
 
     async def clear_recovery(self, handle: LeaseHandle) -> bool:
         """Clear the recovery marker (keeping the history) and release. True if it was set."""
@@ -1644,6 +1676,87 @@ class KVSessionStorage:
                 break
             cursor = page[-1]
         return out
+
+    async def erase_owner(self, owner: str) -> OwnerErasure:
+        """Erase every session of ``owner`` and its index, then read every scope back.
+
+        The owner's index gets the erasing marker first (from then on index writes for the
+        owner are refused, and with them the turns that make them); each session the index
+        names is dropped whole (state, history chunks, queue) before its index entries, so
+        an erase cut off anywhere is resumed by the next one from what is left. Passes
+        repeat until one finds nothing (a turn that wrote its pointer just before the
+        marker is caught by the next pass). Then each erased scope and the owner's index
+        are read back; the marker goes only when nothing is left.
+        """
+        index = self.catalog
+        scope = index.scope_for(owner)
+        started = self.clock()
+        marker = await self._call(owner, self.kv.get(scope, ERASING_KEY))
+        resumed = marker is not None
+        if marker is None:
+            try:
+                await self._call(
+                    owner,
+                    self.kv.create(scope, ERASING_KEY, json.dumps({"since": started}).encode()),
+                )
+            except ConflictError:
+                resumed = True  # another erase of this owner is running: do the same work
+        erased: dict[str, None] = {}
+        for _ in range(_ERASE_PASSES):
+            named = await index.named(owner)
+            if not named:
+                break
+            for session_id, keys in sorted(named.items()):
+                await self._call(session_id, self.kv.drop_scope(self.scope_for(session_id)))
+                await self._tombstone(scope, session_id)
+                for chunk_key in self.cache.keys(self.scope_for(session_id)):
+                    self.cache.discard(self.scope_for(session_id), chunk_key)
+                for key in keys:
+                    await self._call(session_id, self.kv.delete(scope, key))
+                erased[session_id] = None
+        left = 0
+        for session_id in erased:
+            left += await self._left_after_drop(session_id, self.scope_for(session_id))
+        remaining = await index.named(owner)
+        left += sum(len(keys) for keys in remaining.values())
+        if left == 0:
+            await self._call(owner, self.kv.delete(scope, ERASING_KEY))
+        return OwnerErasure(
+            owner=owner,
+            sessions=tuple(erased),
+            scopes_checked=len(erased) + 1,
+            entries_left=left,
+            resumed=resumed,
+            started_at=started,
+            finished_at=self.clock(),
+        )
+
+    async def _tombstone(self, scope: str, session_id: str) -> None:
+        """Refuse index writes for the erased session for two leases (a turn that held it
+        during the erase must not list it again once the erase is over)."""
+        try:
+            await self._call(
+                session_id,
+                self.kv.create(
+                    scope, erased_key(session_id), b"{}", ttl=2 * self.lease_seconds + 30
+                ),
+            )
+        except ConflictError:
+            pass  # a resumed erase: it is there already
+
+    async def _left_after_drop(self, session_id: str, scope: str) -> int:
+        """Entries in a dropped session scope, dropping again what a fenced-out turn left.
+
+        A turn whose save was refused deletes the chunk parts it wrote first, in the
+        background; until it has, they are dropped again here.
+        """
+        for pause in (0.05, 0.2, 0.5, None):
+            found = await self._call(session_id, self.kv.scan(scope, limit=100, values=False))
+            if not found or pause is None:
+                return len(found)
+            await asyncio.sleep(pause)
+            await self._call(session_id, self.kv.drop_scope(scope))
+        return 0  # pragma: no cover - the loop returns
 
     async def list_owner(
         self, owner: str, *, limit: int, cursor: str | None, tags: Sequence[str] | None

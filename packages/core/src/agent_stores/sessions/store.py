@@ -17,7 +17,7 @@ from .. import telemetry
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore, random_hex
 from ..lifecycle import KVBackedStore
-from .catalog import CatalogUpdate, SessionPage
+from .catalog import CatalogUpdate, OwnerErasure, SessionPage
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -991,6 +991,21 @@ class SessionStore(KVBackedStore):
         ):
             pass
         return True
+
+    @telemetry.traced("session.erase_owner")
+    async def erase_owner(self, owner: str) -> OwnerErasure:
+        """Erase every session of ``owner`` (state, history, latch, queue, index) and verify.
+
+        Resumable and idempotent: an erase cut off anywhere (a killed process) is finished
+        by running it again, and a second erase finds nothing. While it runs, a turn that
+        would save a session of the owner is refused (:class:`OwnerErasingError`) and a turn
+        already holding one loses its lease (``SESSION_LEASE_LOST``): nothing it had not
+        saved is kept. The report lists the sessions erased and the entries left in every
+        scope read back afterwards (0: complete). Only this store's sessions: memory and
+        run journals are not touched.
+        """
+        self._check_open()
+        return await self.storage.erase_owner(owner)
 
     @telemetry.traced("session.list")
     async def list_sessions(
