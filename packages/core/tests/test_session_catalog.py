@@ -207,3 +207,20 @@ def test_erase_owner_cli(tmp_path: Path) -> None:
     assert report["sessions"] == [] and report["complete"] is True
     listed = runner.invoke(cli, ["sessions", url, "list"])
     assert [line.split("\t")[0] for line in listed.output.splitlines()] == ["chat-4"]
+
+
+async def test_copy_carries_the_owners_indexes(tmp_path: Path) -> None:
+    """A copied store lists each owner's sessions and can erase them: the owners' index
+    scopes are copied with the sessions."""
+    from agent_stores.transfer import Transfer
+
+    src, dst = f"sqlite:///{tmp_path}/src.db", f"sqlite:///{tmp_path}/dst.db"
+    await _populate(src)
+    async with open_kv(src) as source, open_kv(dst) as target:
+        report = await Transfer(source, target, kinds=("sessions",)).copy()
+        assert report.ok, report
+    async with open_sessions(dst) as store:
+        listed = await store.list_owner_sessions("alice")
+        assert [s.session_id for s in listed.sessions] == ["chat-3", "chat-2", "chat-1", "chat-0"]
+        erased = await store.erase_owner("alice")
+        assert len(erased.sessions) == 4 and erased.complete

@@ -72,6 +72,8 @@ class Layout:
     sessions: str = "session:"
     memory: str = "memory:"
     runs_namespace: str = "cp"
+    #: the owners' session indexes (copied with the sessions, after them)
+    session_owners: str = "session-owner:"
 
     def prefix(self, kind: str) -> str:
         if kind == "sessions":
@@ -208,6 +210,10 @@ class Transfer:
             # One linear walk of the source (paging scopes() is quadratic on some backends).
             walk = self.src.iter_scopes(prefix=self.layout.prefix(kind), page_size=_PAGE)
             scopes = sorted([scope async for scope in walk])
+            if kind == "sessions":
+                # Each owner's index after the sessions it names.
+                owners = self.src.iter_scopes(prefix=self.layout.session_owners, page_size=_PAGE)
+                scopes += sorted([scope async for scope in owners])
             if kind == "runs":
                 # A run's own scope before the listing and lineage entries that point at it.
                 run_prefix = f"{self.layout.runs_namespace}/run/"
@@ -243,6 +249,10 @@ class Transfer:
         return report
 
     def _phases(self, kind: str, scopes: Sequence[str]) -> list[list[str]]:
+        if kind == "sessions":
+            owners = [s for s in scopes if s.startswith(self.layout.session_owners)]
+            indexes = set(owners)
+            return [[s for s in scopes if s not in indexes], owners]
         if kind != "runs":
             return [list(scopes)]
         run_prefix = self._run_prefix
@@ -375,7 +385,11 @@ class Transfer:
         return ""
 
     async def _check_lease(self, kind: str, scope: str) -> None:
-        if kind != "sessions" or self.src_sessions is None:
+        if (
+            kind != "sessions"
+            or self.src_sessions is None
+            or not scope.startswith(self.layout.sessions)
+        ):
             return
         session_id = scope[len(self.layout.sessions) :]
         try:
