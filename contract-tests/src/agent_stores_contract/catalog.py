@@ -477,3 +477,34 @@ class CatalogBehaviours(ContractBase):
             assert await raw_entries(store, store.storage.scope_for(sid)) == {}
         for scope in kept_scopes:
             assert await raw_entries(store, scope) == before[scope], scope
+
+    # -- retention --------------------------------------------------------------------------
+
+    async def test_purge_idle_deletes_idle_sessions_only(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """purge_idle (retention, no native expiry needed) deletes the sessions no turn used
+        for longer than the period — state, history chunks and owner-index entries —
+        keeps a session used within it and an idle latched one (listed), never looks past
+        its id prefix, and a second run removes nothing."""
+        writer = await sessions_factory(tail_bytes=256, ttl_seconds=None)
+        alice, others = await populate_owners(writer, ns)
+        purger = await sessions_factory(tail_bytes=256, ttl_seconds=None)
+        base = purger.kv.clock
+        purger.kv.clock = lambda: base() + 100 * 86_400  # a hundred days later
+        recent = f"{ns}:bob-1"
+        await talk(purger, recent, "still here")
+        report = await purger.purge_idle(90 * 86_400, prefix=f"{ns}:")
+        ours = set(report.removed)
+        expected = {*alice, *others} - {recent, alice[0]}
+        assert ours == expected, report
+        assert alice[0] in report.kept_latched
+        for sid in expected:
+            assert await writer.inspect(sid) is None
+            assert await raw_entries(writer, writer.storage.scope_for(sid)) == {}
+        assert await writer.inspect(recent) is not None
+        assert await writer.inspect(alice[0]) is not None
+        listed = (await purger.list_owner_sessions(f"{ns}-alice")).sessions
+        assert [s.session_id for s in listed] == [alice[0]]
+        again = await purger.purge_idle(90 * 86_400, prefix=f"{ns}:")
+        assert again.removed == () and again.scanned == 2

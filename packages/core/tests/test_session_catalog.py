@@ -224,3 +224,14 @@ async def test_copy_carries_the_owners_indexes(tmp_path: Path) -> None:
         assert [s.session_id for s in listed.sessions] == ["chat-3", "chat-2", "chat-1", "chat-0"]
         erased = await store.erase_owner("alice")
         assert len(erased.sessions) == 4 and erased.complete
+
+
+def test_purge_sessions_idle_cli(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    asyncio.run(_populate(url))
+    runner = CliRunner()
+    kept = runner.invoke(cli, ["purge", url, "--sessions-idle-days", "1"])
+    assert kept.exit_code == 0, kept.output
+    assert "deleted 0 of 5 sessions idle for more than 1 days" in kept.output
+    bad = runner.invoke(cli, ["purge", url, "--include-latched"])
+    assert bad.exit_code == 2 and "--sessions-idle-days" in bad.output

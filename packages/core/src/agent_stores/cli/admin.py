@@ -22,10 +22,48 @@ async def setup(url: str | None) -> None:
 
 @click.command()
 @url_argument()
+@click.option(
+    "--sessions-idle-days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Retention: also delete sessions no turn has used for this many days.",
+)
+@click.option(
+    "--include-latched",
+    is_flag=True,
+    help="With --sessions-idle-days: delete idle sessions waiting for recovery too.",
+)
+@click.option("--scope-prefix", default="session:", show_default=True, help="Of the sessions.")
+@click.option("--session-prefix", default="", help="Only session ids starting with this.")
 @run_async
-async def purge(url: str | None) -> None:
-    """Physically delete expired entries (for backends without native TTL collection)."""
+async def purge(
+    url: str | None,
+    sessions_idle_days: float | None,
+    include_latched: bool,
+    scope_prefix: str,
+    session_prefix: str,
+) -> None:
+    """Delete expired entries the backend does not collect; optionally idle sessions."""
+    if sessions_idle_days is None and (include_latched or session_prefix):
+        raise click.UsageError("--include-latched and --session-prefix need --sessions-idle-days")
     target = resolve_url(url)
     async with open_kv(target) as kv:
         removed = await kv.purge_expired()
     click.echo(f"purged {removed} expired entries from {StoreURL.parse(target).render()}")
+    if sessions_idle_days is None:
+        return
+    from ..connection import open_sessions
+
+    async with open_sessions(target, scope_prefix=scope_prefix) as store:
+        report = await store.purge_idle(
+            sessions_idle_days * 86_400, include_latched=include_latched, prefix=session_prefix
+        )
+    click.echo(
+        f"deleted {len(report.removed)} of {report.scanned} sessions idle for more than "
+        f"{sessions_idle_days:g} days"
+    )
+    if report.kept_latched:
+        click.echo(
+            f"kept {len(report.kept_latched)} idle sessions waiting for recovery "
+            "(--include-latched deletes them): " + ", ".join(report.kept_latched[:20])
+        )

@@ -48,7 +48,7 @@ capabilities — stays the core's, and the session contract suite must pass as i
 
 from __future__ import annotations
 
-from .catalog import OwnerErasure, SessionPage, SessionSummary
+from .catalog import IdlePurge, OwnerErasure, SessionPage, SessionSummary
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -69,6 +69,7 @@ from .store import Session, SessionStore, Turn
 # ``SessionStore(kv, port=...)`` takes one.
 __all__ = [
     "EffectCall",
+    "IdlePurge",
     "InvalidSessionError",
     "KVSessionPort",
     "LeaseLostError",

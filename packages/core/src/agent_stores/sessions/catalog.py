@@ -130,6 +130,25 @@ class OwnerErasure:
 
 
 @dataclass(frozen=True, slots=True)
+class IdlePurge:
+    """What :meth:`SessionStore.purge_idle` removed."""
+
+    removed: tuple[str, ...]
+    """Sessions deleted (state, history chunks, index entries), by id."""
+    scanned: int
+    """Sessions read."""
+    kept_latched: tuple[str, ...]
+    """Idle sessions kept because a recovery marker is set (``include_latched=False``)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "removed": list(self.removed),
+            "scanned": self.scanned,
+            "kept_latched": list(self.kept_latched),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class CatalogUpdate:
     """Catalog fields a turn sets (None: leave as stored). ``metadata`` keys set to None are removed."""
 

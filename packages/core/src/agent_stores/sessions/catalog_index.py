@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from ..errors import ConflictError
 from ..kv.base import Check, Create, Delete, KVStore, Operation, Replace
@@ -29,8 +29,6 @@ from .catalog import (
 from .errors import InvalidSessionError, OwnerErasingError
 
 log = logging.getLogger("agent_stores.sessions")
-
-T = TypeVar("T")
 
 #: Attempts at an index write that keeps meeting concurrent changes (a zombie turn).
 _WRITE_ATTEMPTS = 3

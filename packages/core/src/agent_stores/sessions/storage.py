@@ -54,6 +54,7 @@ from .cache import CachedChunk, ChunkCache
 from .catalog import (
     ERASING_KEY,
     CatalogUpdate,
+    IdlePurge,
     OwnerErasure,
     SessionPage,
     applied,
@@ -1676,6 +1677,54 @@ class KVSessionStorage:
                 break
             cursor = page[-1]
         return out
+
+    async def purge_idle(
+        self, idle_seconds: float, *, include_latched: bool, prefix: str = ""
+    ) -> IdlePurge:
+        """Delete every session not used for ``idle_seconds`` (no turn started or ended).
+
+        One walk over the sessions' scopes. A session is deleted by a conditional delete of
+        its state at the version read, so a turn that starts meanwhile keeps it; then its
+        history chunks and index entries go (a crash between leaves chunks that nothing
+        references, collected by their TTL or the next ``doctor``). Sessions held by a
+        turn are skipped; latched ones (a recovery marker) only with ``include_latched``.
+        Running it again after a crash finishes the work.
+        """
+        now = self.clock()
+        cutoff = now - idle_seconds
+        removed: list[str] = []
+        latched: list[str] = []
+        scanned = 0
+        async for scope in self.kv.iter_scopes(prefix=self.scope_prefix + prefix):
+            session_id = self.session_id_for(scope)
+            if session_id is None:
+                continue
+            entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+            if entry is None:
+                continue
+            scanned += 1
+            try:
+                header, _ = decode_state(entry.value)
+            except RecordError:
+                continue  # damaged: ``doctor`` reports it, retention does not guess
+            if header.lease_live(now) or header.updated_at >= cutoff:
+                continue
+            if header.recovery and not include_latched:
+                latched.append(session_id)
+                continue
+            deleted = await self._call(
+                session_id, self.kv.delete(scope, STATE_KEY, expected_version=entry.version)
+            )
+            if not deleted:
+                continue  # used meanwhile
+            for ref in header.chunks:
+                for key in ref.part_keys():
+                    await self._call(session_id, self.kv.delete(scope, key))
+                self.cache.discard(scope, ref.key)
+            if header.catalog is not None and header.catalog.get("owner"):
+                await self.catalog.remove(session_id, header.catalog)
+            removed.append(session_id)
+        return IdlePurge(tuple(removed), scanned, tuple(latched))
 
     async def erase_owner(self, owner: str) -> OwnerErasure:
         """Erase every session of ``owner`` and its index, then read every scope back.

@@ -17,7 +17,7 @@ from .. import telemetry
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore, random_hex
 from ..lifecycle import KVBackedStore
-from .catalog import CatalogUpdate, OwnerErasure, SessionPage
+from .catalog import CatalogUpdate, IdlePurge, OwnerErasure, SessionPage
 from .errors import (
     EffectCall,
     InvalidSessionError,
@@ -991,6 +991,24 @@ class SessionStore(KVBackedStore):
         ):
             pass
         return True
+
+    @telemetry.traced("session.purge_idle")
+    async def purge_idle(
+        self, idle_seconds: float, *, include_latched: bool = False, prefix: str = ""
+    ) -> IdlePurge:
+        """Retention: delete every session no turn has used for ``idle_seconds``.
+
+        For stores without a TTL (``ttl_seconds=None``), or a shorter retention than the
+        TTL, on any backend (no native expiry needed). Walks every session once (an admin
+        operation); a session a turn uses meanwhile is kept; latched sessions (pending
+        effect calls) are kept and listed unless ``include_latched``. ``prefix``: only
+        session ids starting with it. Idempotent: run it again after a crash.
+        """
+        self._check_open()
+        _positive("idle_seconds", idle_seconds)
+        return await self.storage.purge_idle(
+            idle_seconds, include_latched=include_latched, prefix=prefix
+        )
 
     @telemetry.traced("session.erase_owner")
     async def erase_owner(self, owner: str) -> OwnerErasure:
