@@ -16,8 +16,8 @@ the store holds:
     message. Never the history.
 ``s/<session id>``
     The pointer naming the session's current ``r/`` key. An ``r/`` entry the pointer does
-    not name is stale (a write after it, or a save that never landed) and is skipped by a
-    listing and deleted when seen.
+    not name is stale (a write after it, or one half done without an atomic commit) and
+    is skipped by a listing and deleted when seen.
 
 The index is written by the turn that holds the session's lease, in one atomic commit
 on the owner's scope (old entry deleted, new entry and pointer written), *before* the
