@@ -124,8 +124,9 @@ class CatalogBehaviours(ContractBase):
     ) -> None:
         """Title and tags ride in the turn's own state write: the same KV calls as a plain
         turn. With an owner, a turn that changes what the listing shows adds exactly one
-        call (the owner's index commit; three on a backend without an atomic commit: new
-        entry, pointer, old entry); a turn that changes nothing listed adds none."""
+        call (the owner's index commit; four on a backend without an atomic commit: a read
+        of the erase fences, new entry, pointer, old entry); a turn that changes nothing
+        listed adds none."""
         counting = CountingKV(kv_factory(), native_ports=self.store_path == "native")
         await counting.setup()
         options: dict[str, Any] = (
@@ -152,7 +153,7 @@ class CatalogBehaviours(ContractBase):
                 pass
             plain_released = sum(counting.calls.values())
         assert titled == plain, counting.calls
-        assert owned == plain + (1 if counting.capabilities.commit else 3), counting.calls
+        assert owned == plain + (1 if counting.capabilities.commit else 4), counting.calls
         assert released == plain_released
 
     async def test_owner_listing_most_recent_first_and_paged(
