@@ -33,10 +33,10 @@ from agent_stores_contract.request_counts import Meter
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 try:  # run as a script (python benchmarks/catalog.py) or imported as a module
-    from pages import load_line, replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
+    from pages import capped_notes, load_line, replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
     from scope_walk import RedisCommands  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
-    from benchmarks.pages import load_line, replace_or_add_section
+    from benchmarks.pages import capped_notes, load_line, replace_or_add_section
     from benchmarks.scope_walk import RedisCommands
 
 START, END = "<!-- catalog:start -->", "<!-- catalog:end -->"
@@ -208,11 +208,7 @@ def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
         "for one, answers a Query by going through every item of the table "
         "(`moto/dynamodb/models/table.py`, `Table.query`: `for item in self.all_items()`), "
         "where a real table reads one partition.",
-        *[
-            f"\n{name} above {cap:,} sessions: not measured here: {why}."
-            for name, (cap, why) in CAPS.items()
-            if name in results and any(n > cap for n in sizes)
-        ],
+        *capped_notes(CAPS, results, "sessions"),
         "",
         f"_{load_line()}; `python benchmarks/catalog.py`._",
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -28,3 +29,19 @@ def replace_or_add_section(page: Path, heading: str, start: str, end: str, text:
     if start not in page.read_text():
         page.write_text(page.read_text().rstrip("\n") + f"\n\n## {heading}\n\n{start}\n{end}\n")
     replace_section(page, start, end, text)
+
+
+def capped_notes(
+    caps: Mapping[str, tuple[int, str]], measured: Mapping[str, Mapping[int, object]], unit: str
+) -> list[str]:
+    """One paragraph per row a backend's test server could not be measured at, saying why.
+
+    ``caps``: backend -> (largest size measured, why); ``measured``: backend -> size -> row.
+    """
+    sizes = sorted({n for rows in measured.values() for n in rows})
+    return [
+        f"\nThe {name} row at {n:,} {unit} is not measured: {why}."
+        for name, (cap, why) in caps.items()
+        for n in sizes
+        if name in measured and n > cap and n not in measured[name]
+    ]

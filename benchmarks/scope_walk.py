@@ -36,9 +36,9 @@ from agent_stores.transfer import Transfer
 from agent_stores_contract.request_counts import Meter
 
 try:  # run as a script (python benchmarks/scope_walk.py) or imported as a module
-    from pages import load_line, replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
+    from pages import capped_notes, load_line, replace_or_add_section  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # pragma: no cover - imported from the repository root
-    from benchmarks.pages import load_line, replace_or_add_section
+    from benchmarks.pages import capped_notes, load_line, replace_or_add_section
 
 START, END = "<!-- scope-walk:start -->", "<!-- scope-walk:end -->"
 MEMORY_PREFIX = "memory:"
@@ -192,12 +192,7 @@ def table(results: dict[str, dict[int, dict[str, int]]]) -> str:
         "Linear: the requests per scope stay flat from 1k to 10k scopes. The listing before "
         "`iter_scopes` walked the whole keyspace (Redis SCAN) or table (DynamoDB Scan) for "
         "each page of 500.",
-        *[
-            f"\nThe {name} row at {n:,} scopes is not measured: {why}."
-            for name, (cap, why) in CAPS.items()
-            for n in sorted({n for rows in results.values() for n in rows})
-            if name in results and n > cap and n not in results[name]
-        ],
+        *capped_notes(CAPS, results, "scopes"),
         "",
         f"_{load_line()}; `python benchmarks/scope_walk.py`._",
     ]
