@@ -665,6 +665,38 @@ class CheckpointerContract(ContractBase):
         # The id is free again: a new run starts from position 0.
         assert (await checkpointer.append("gone", model_step(0))).seq == 0
 
+    async def test_keep_latest_runs_per_conversation(
+        self, kv: KVStore, checkpointer: Checkpointer, steps: KVStepStore
+    ) -> None:
+        """keep_latest_runs(2) deletes all but the two most recent runs (by first write) of
+        every conversation, whole, leaves runs without a conversation and the kept runs
+        untouched, and a second pass deletes nothing."""
+        from pydantic_ai_harness.step_persistence import RunRecord
+
+        for i in range(4):
+            for conversation in ("c1", "c2"):
+                run = f"{conversation}-run{i}"
+                await steps.register_run(RunRecord(run_id=run, conversation_id=conversation))
+                await checkpointer.append(run, model_step(0))
+            offset_clock(kv, 1)
+        await checkpointer.append("loose", model_step(0))  # no conversation
+        report = await checkpointer.keep_latest_runs(2)
+        gone = {f"{c}-run{i}" for c in ("c1", "c2") for i in (0, 1)}
+        assert set(report.removed) == gone
+        assert report.conversations == 2 and report.kept == 4
+        listed = {r.run_id for r in await checkpointer.list_runs()}
+        assert listed == {"c1-run2", "c1-run3", "c2-run2", "c2-run3", "loose"}
+        for run in gone:
+            assert len(await checkpointer.load(run)) == 0
+            assert await steps.get_run(run_id=run) is None
+        in_c1 = [r.run_id for r in await steps.list_runs(conversation_id="c1")]
+        assert in_c1 == ["c1-run2", "c1-run3"]
+        assert len(await checkpointer.load("c2-run3")) == 1
+        again = await checkpointer.keep_latest_runs(2)
+        assert again.removed == () and again.kept == 4
+        with pytest.raises(ValueError, match="keep"):
+            await checkpointer.keep_latest_runs(0)
+
     async def test_ttl_expires_the_whole_run(
         self, kv: KVStore, checkpointer_factory: CheckpointerFactory
     ) -> None:

@@ -235,3 +235,24 @@ def test_purge_sessions_idle_cli(tmp_path: Path) -> None:
     assert "deleted 0 of 5 sessions idle for more than 1 days" in kept.output
     bad = runner.invoke(cli, ["purge", url, "--include-latched"])
     assert bad.exit_code == 2 and "--sessions-idle-days" in bad.output
+
+
+def test_purge_runs_keep_cli(tmp_path: Path) -> None:
+    from agent_stores import open_checkpointer
+    from agent_stores.checkpointer import JournalEvent
+    from pydantic_ai_harness.step_persistence import RunRecord
+
+    url = f"sqlite:///{tmp_path}/c.db"
+
+    async def runs() -> None:
+        async with open_checkpointer(url) as checkpointer:
+            steps = checkpointer.step_store()
+            for i in range(3):
+                await steps.register_run(RunRecord(run_id=f"r{i}", conversation_id="chat"))
+                await checkpointer.append(f"r{i}", JournalEvent(step_id="s0", kind="model"))
+                await asyncio.sleep(0.01)
+
+    asyncio.run(runs())
+    result = CliRunner().invoke(cli, ["purge", url, "--runs-keep", "1"])
+    assert result.exit_code == 0, result.output
+    assert "deleted 2 runs; kept the 1 most recent of each of 1 conversations" in result.output

@@ -29,7 +29,7 @@ from .space import (
     bounded_gather,
     scope_prefix_option,
 )
-from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunState
+from .types import AppendResult, JournalEntry, JournalEvent, RunInfo, RunRetention, RunState
 
 if TYPE_CHECKING:
     from .step_store import KVStepStore
@@ -271,6 +271,39 @@ class Checkpointer(KVBackedStore):
             self._step_store.forget(run_id)
         return removed > 0 or indexed
 
+    @telemetry.traced("journal.keep_latest_runs")
+    async def keep_latest_runs(self, keep: int, *, conversation_prefix: str = "") -> RunRetention:
+        """Retention: in every conversation keep its ``keep`` most recent runs, delete the rest.
+
+        Runs are ordered by their first write (ties by id); runs registered without a
+        conversation are left alone, so are conversations whose id does not start with
+        ``conversation_prefix``. One walk over the run listing (a read per run for its
+        conversation), then :meth:`delete_run` for each run past the limit: running it
+        again after a crash finishes the work, and a second run deletes nothing.
+        """
+        if keep < 1:
+            raise ValueError("keep must be >= 1 (the latest run may still be running)")
+        runs: dict[str, list[tuple[float, str]]] = {}
+        start_after: str | None = None
+        while True:
+            page = await self.list_runs(start_after=start_after, limit=_RETENTION_PAGE)
+            lineages = await bounded_gather(
+                [partial(self._lineage, info.run_id) for info in page], 16
+            )
+            for info, (conversation_id, _) in zip(page, lineages, strict=True):
+                if conversation_id is not None and conversation_id.startswith(conversation_prefix):
+                    runs.setdefault(conversation_id, []).append((info.created_at, info.run_id))
+            if len(page) < _RETENTION_PAGE:
+                break
+            start_after = page[-1].run_id
+        removed: list[str] = []
+        for listed in runs.values():
+            for _, run_id in sorted(listed)[:-keep]:
+                await self.delete_run(run_id)
+                removed.append(run_id)
+        kept = sum(min(len(listed), keep) for listed in runs.values())
+        return RunRetention(tuple(removed), len(runs), kept)
+
     async def _lineage(self, run_id: str) -> tuple[str | None, str | None]:
         """``(conversation_id, parent_run_id)`` of a registered run (read without the harness)."""
         entry = await self.kv.get(self.space.scope(run_id), "run")
@@ -284,6 +317,10 @@ class Checkpointer(KVBackedStore):
             conversation_id if isinstance(conversation_id, str) else None,
             parent_run_id if isinstance(parent_run_id, str) else None,
         )
+
+
+#: Runs listed per page by :meth:`Checkpointer.keep_latest_runs`.
+_RETENTION_PAGE = 500
 
 
 def _decode_index(value: bytes) -> dict[str, Any]:

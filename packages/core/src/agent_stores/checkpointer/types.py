@@ -340,3 +340,15 @@ class RunInfo:
     """Unix time of the run's first write (as seen by the store's clock)."""
     expires_at: float | None
     """When the run (all of it) expires; None without a TTL."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRetention:
+    """What :meth:`Checkpointer.keep_latest_runs` deleted."""
+
+    removed: tuple[str, ...]
+    """Runs deleted (journal, events, snapshots, tool effects, index entries), by id."""
+    conversations: int
+    """Conversations looked at."""
+    kept: int
+    """Runs of those conversations kept."""

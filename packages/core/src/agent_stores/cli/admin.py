@@ -33,6 +33,12 @@ async def setup(url: str | None) -> None:
     is_flag=True,
     help="With --sessions-idle-days: delete idle sessions waiting for recovery too.",
 )
+@click.option(
+    "--runs-keep",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Retention: in every conversation keep only its N most recent runs.",
+)
 @click.option("--scope-prefix", default="session:", show_default=True, help="Of the sessions.")
 @click.option("--session-prefix", default="", help="Only session ids starting with this.")
 @run_async
@@ -40,16 +46,31 @@ async def purge(
     url: str | None,
     sessions_idle_days: float | None,
     include_latched: bool,
+    runs_keep: int | None,
     scope_prefix: str,
     session_prefix: str,
 ) -> None:
-    """Delete expired entries the backend does not collect; optionally idle sessions."""
+    """Delete expired entries the backend does not collect; optionally apply retention.
+
+    --sessions-idle-days: sessions no turn used for that long; --runs-keep: runs of each
+    conversation past its N most recent. Each reports what it deleted; run it again
+    after an interruption.
+    """
     if sessions_idle_days is None and (include_latched or session_prefix):
         raise click.UsageError("--include-latched and --session-prefix need --sessions-idle-days")
     target = resolve_url(url)
     async with open_kv(target) as kv:
         removed = await kv.purge_expired()
     click.echo(f"purged {removed} expired entries from {StoreURL.parse(target).render()}")
+    if runs_keep is not None:
+        from ..connection import open_checkpointer
+
+        async with open_checkpointer(target) as checkpointer:
+            runs = await checkpointer.keep_latest_runs(runs_keep)
+        click.echo(
+            f"deleted {len(runs.removed)} runs; kept the {runs_keep} most recent of each of "
+            f"{runs.conversations} conversations ({runs.kept} runs)"
+        )
     if sessions_idle_days is None:
         return
     from ..connection import open_sessions

@@ -614,8 +614,8 @@ class SessionStore(KVBackedStore):
 
         Catalog fields (``owner``, ``title``, ``tags``, ``metadata``; None keeps the stored
         value) are saved in that same write on a clean exit. A session with an owner is
-        listed by :meth:`list_sessions` ``(owner=...)``; its owner's index is written just
-        before that write when what a listing shows changed (one request).
+        listed by :meth:`list_owner_sessions`; its owner's index is written just before
+        that write when what a listing shows changed (one request).
         """
         self._check_open()
         self.storage.scope_for(session_id)
