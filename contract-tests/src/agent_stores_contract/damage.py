@@ -17,15 +17,21 @@ so the same tests run on every backend. What they hold the stores to (``docs/des
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from agent_stores import KVStore
 from agent_stores.checkpointer import Checkpointer, JournalEvent
-from agent_stores.damage import list_quarantined
+from agent_stores.damage import (
+    QUARANTINE_SCOPE,
+    list_quarantined,
+    purge_quarantined,
+    quarantine,
+)
 from agent_stores.errors import CorruptRecordError, ErrorCode
+from agent_stores.kv.base import Entry
 from agent_stores.memory import KVMemoryStore
 from agent_stores.sessions import InvalidSessionError, SessionStore
 from agent_stores.sessions.records import CHUNK_PREFIX, STATE_KEY
@@ -360,6 +366,38 @@ class DamageContract(ContractBase):
         await sessions.aclose()
         await reader.aclose()
 
+    # -- retention of the quarantine --------------------------------------------------------
+
+    async def test_purge_quarantined_removes_old_records_only(self, kv: KVStore, ns: str) -> None:
+        """purge_quarantined deletes the quarantined records older than the period, each with
+        every continuation part, keeps younger ones byte for byte and those from scopes
+        outside its prefix, and a second pass deletes nothing."""
+        size = min(kv.limits.max_value_bytes, 200_000) + 100  # in parts where values are small
+        base = kv.clock
+        try:
+            for index, (scope, age_days) in enumerate(
+                [(f"{ns}:old-a", 40), (f"{ns}:old-b", 35), (f"{ns}:young", 1), (f"{ns}!o", 40)]
+            ):
+                kv.clock = _shifted(base, -age_days * 86_400)
+                raw = bytes([65 + index]) * size
+                await quarantine(kv, scope, "k", Entry(raw, f"v{index}"), reason="contract")
+        finally:
+            kv.clock = base
+        removed = await purge_quarantined(kv, 30 * 86_400, scope_prefix=f"{ns}:")
+        assert len(removed) == 2
+        left = {q.scope: q for q in await list_quarantined(kv) if q.scope.startswith(ns)}
+        assert set(left) == {f"{ns}:young", f"{ns}!o"}
+        assert left[f"{ns}:young"].raw == b"C" * size
+        keys = [i.key async for i in kv.iter_scan(QUARANTINE_SCOPE, values=False)]
+        assert not [k for k in keys if k.partition("/")[0] in removed]
+        assert await purge_quarantined(kv, 30 * 86_400, scope_prefix=f"{ns}:") == []
+        kv.clock = _shifted(base, 1)
+        try:  # leave nothing of this test in the shared quarantine scope
+            await purge_quarantined(kv, 0, scope_prefix=f"{ns}:")
+            await purge_quarantined(kv, 0, scope_prefix=f"{ns}!")
+        finally:
+            kv.clock = base
+
 
 # -- doctor: one helper per store and per phase of test_doctor_finds_and_quarantines_every_kind
 
@@ -500,3 +538,8 @@ async def _runs_work_again(checkpointer: Checkpointer) -> None:
     assert len((await checkpointer.load("good")).entries) == 2
     assert [e.event.phase.value for e in (await checkpointer.load("bad")).entries] == ["attempted"]
     assert "ghost" not in {r.run_id for r in await checkpointer.list_runs(limit=1000)}
+
+
+def _shifted(clock: Callable[[], float], seconds: float) -> Callable[[], float]:
+    """``clock`` moved by ``seconds``."""
+    return lambda: clock() + seconds

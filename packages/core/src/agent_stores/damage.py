@@ -192,3 +192,48 @@ async def list_quarantined(kv: KVStore) -> list[Quarantined]:
         except (ValueError, KeyError, TypeError) as exc:
             logger.warning("unreadable quarantine entry %s: %s", key, exc)
     return out
+
+
+async def purge_quarantined(
+    kv: KVStore, older_than_seconds: float, *, scope_prefix: str = ""
+) -> list[str]:
+    """Retention: delete quarantined records older than ``older_than_seconds``; their keys.
+
+    Only records moved aside from scopes starting with ``scope_prefix`` (all by default).
+    Keys start with the time of quarantine, so the walk stops at the first younger one.
+    A record's header goes before its continuation parts; parts a crashed purge left
+    without their header are deleted by the next purge without ``scope_prefix``.
+    """
+    if older_than_seconds < 0:
+        raise ValueError("older_than_seconds must be >= 0")
+    cutoff_ms = int((kv.clock() - older_than_seconds) * 1000)
+    chosen: set[str] = set()
+    seen: set[str] = set()
+    removed: list[str] = []
+    async for item in kv.iter_scan(QUARANTINE_SCOPE, page_size=100):
+        base, slash, _ = item.key.partition("/")
+        stamp = base.partition("-")[0]
+        if not stamp.isdigit():
+            continue
+        if int(stamp) >= cutoff_ms:
+            break
+        if not slash:
+            seen.add(base)
+            assert item.entry is not None
+            if scope_prefix and not _origin(item.entry.value).startswith(scope_prefix):
+                continue
+            chosen.add(base)
+            await kv.delete(QUARANTINE_SCOPE, item.key)
+            removed.append(item.key)
+        elif base in chosen or (base not in seen and not scope_prefix):
+            await kv.delete(QUARANTINE_SCOPE, item.key)
+    return removed
+
+
+def _origin(value: bytes) -> str:
+    """The scope a quarantined record came from ("" when its header cannot be read)."""
+    try:
+        scope = json.loads(value.partition(b"\n")[0]).get("scope")
+    except (ValueError, AttributeError):
+        return ""
+    return scope if isinstance(scope, str) else ""

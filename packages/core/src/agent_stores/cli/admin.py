@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..damage import purge_quarantined
 from ..selection import open_kv
 from ..url import StoreURL
 from .common import resolve_url, run_async, url_argument
@@ -39,6 +40,12 @@ async def setup(url: str | None) -> None:
     default=None,
     help="Retention: in every conversation keep only its N most recent runs.",
 )
+@click.option(
+    "--quarantine-days",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Retention: delete records quarantined (doctor --repair) more than N days ago.",
+)
 @click.option("--scope-prefix", default="session:", show_default=True, help="Of the sessions.")
 @click.option("--session-prefix", default="", help="Only session ids starting with this.")
 @run_async
@@ -47,21 +54,27 @@ async def purge(
     sessions_idle_days: float | None,
     include_latched: bool,
     runs_keep: int | None,
+    quarantine_days: float | None,
     scope_prefix: str,
     session_prefix: str,
 ) -> None:
     """Delete expired entries the backend does not collect; optionally apply retention.
 
     --sessions-idle-days: sessions no turn used for that long; --runs-keep: runs of each
-    conversation past its N most recent. Each reports what it deleted; run it again
-    after an interruption.
+    conversation past its N most recent; --quarantine-days: quarantined copies older than
+    that. Each reports what it deleted; run it again after an interruption.
     """
     if sessions_idle_days is None and (include_latched or session_prefix):
         raise click.UsageError("--include-latched and --session-prefix need --sessions-idle-days")
     target = resolve_url(url)
     async with open_kv(target) as kv:
         removed = await kv.purge_expired()
-    click.echo(f"purged {removed} expired entries from {StoreURL.parse(target).render()}")
+        click.echo(f"purged {removed} expired entries from {StoreURL.parse(target).render()}")
+        if quarantine_days is not None:
+            dropped = await purge_quarantined(kv, quarantine_days * 86_400)
+            click.echo(
+                f"deleted {len(dropped)} records quarantined more than {quarantine_days:g} days ago"
+            )
     if runs_keep is not None:
         from ..connection import open_checkpointer
 
