@@ -256,23 +256,3 @@ def test_purge_runs_keep_cli(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["purge", url, "--runs-keep", "1"])
     assert result.exit_code == 0, result.output
     assert "deleted 2 runs; kept the 1 most recent of each of 1 conversations" in result.output
-
-
-def test_purge_quarantine_days_cli(tmp_path: Path) -> None:
-    from agent_stores.damage import list_quarantined, quarantine
-    from agent_stores.kv.base import Entry
-
-    url = f"sqlite:///{tmp_path}/q.db"
-
-    async def quarantined(count: int) -> int:
-        async with open_kv(url) as kv:
-            for i in range(count):
-                await quarantine(kv, "s", f"k{i}", Entry(b"raw", "v"), reason="test")
-            return len(await list_quarantined(kv))
-
-    assert asyncio.run(quarantined(2)) == 2
-    kept = CliRunner().invoke(cli, ["purge", url, "--quarantine-days", "1"])
-    assert "deleted 0 records quarantined more than 1 days ago" in kept.output, kept.output
-    gone = CliRunner().invoke(cli, ["purge", url, "--quarantine-days", "0"])
-    assert "deleted 2 records quarantined" in gone.output, gone.output
-    assert asyncio.run(quarantined(0)) == 0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from ..damage import purge_quarantined
+from ..retention import POLICY_ENV, RetentionPolicy
 from ..selection import open_kv
 from ..url import StoreURL
 from .common import resolve_url, run_async, url_argument
@@ -23,6 +26,13 @@ async def setup(url: str | None) -> None:
 
 @click.command()
 @url_argument()
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    help="Retention policy, e.g. 'sessions-idle=90d runs-keep=20 quarantine=30d' "
+    f"(default: ${POLICY_ENV}).",
+)
 @click.option(
     "--sessions-idle-days",
     type=click.FloatRange(min=0, min_open=True),
@@ -51,6 +61,7 @@ async def setup(url: str | None) -> None:
 @run_async
 async def purge(
     url: str | None,
+    policies: tuple[str, ...],
     sessions_idle_days: float | None,
     include_latched: bool,
     runs_keep: int | None,
@@ -60,44 +71,75 @@ async def purge(
 ) -> None:
     """Delete expired entries the backend does not collect; optionally apply retention.
 
-    --sessions-idle-days: sessions no turn used for that long; --runs-keep: runs of each
-    conversation past its N most recent; --quarantine-days: quarantined copies older than
-    that. Each reports what it deleted; run it again after an interruption.
+    A retention policy (--policy, or $AGENT_STORES_RETENTION) names what may go:
+    sessions-idle=DURATION (sessions no turn used for that long; add include-latched for
+    those waiting for recovery), runs-keep=N (runs of each conversation past its N most
+    recent), quarantine=DURATION (quarantined copies older than that). The --*-days and
+    --runs-keep options set the same items. Each part reports what it deleted; run it
+    again after an interruption.
     """
-    if sessions_idle_days is None and (include_latched or session_prefix):
+    policy = _policy(
+        policies,
+        RetentionPolicy(
+            None if sessions_idle_days is None else sessions_idle_days * 86_400,
+            include_latched,
+            runs_keep,
+            None if quarantine_days is None else quarantine_days * 86_400,
+        ),
+    )
+    if policy.sessions_idle_seconds is None and (policy.include_latched or session_prefix):
         raise click.UsageError("--include-latched and --session-prefix need --sessions-idle-days")
     target = resolve_url(url)
     async with open_kv(target) as kv:
         removed = await kv.purge_expired()
         click.echo(f"purged {removed} expired entries from {StoreURL.parse(target).render()}")
-        if quarantine_days is not None:
-            dropped = await purge_quarantined(kv, quarantine_days * 86_400)
+        if policy.quarantine_seconds is not None:
+            dropped = await purge_quarantined(kv, policy.quarantine_seconds)
             click.echo(
-                f"deleted {len(dropped)} records quarantined more than {quarantine_days:g} days ago"
+                f"deleted {len(dropped)} records quarantined more than "
+                f"{_days(policy.quarantine_seconds)} ago"
             )
-    if runs_keep is not None:
+    if policy.runs_keep is not None:
         from ..connection import open_checkpointer
 
         async with open_checkpointer(target) as checkpointer:
-            runs = await checkpointer.keep_latest_runs(runs_keep)
+            runs = await checkpointer.keep_latest_runs(policy.runs_keep)
         click.echo(
-            f"deleted {len(runs.removed)} runs; kept the {runs_keep} most recent of each of "
-            f"{runs.conversations} conversations ({runs.kept} runs)"
+            f"deleted {len(runs.removed)} runs; kept the {policy.runs_keep} most recent of each "
+            f"of {runs.conversations} conversations ({runs.kept} runs)"
         )
-    if sessions_idle_days is None:
+    if policy.sessions_idle_seconds is None:
         return
     from ..connection import open_sessions
 
     async with open_sessions(target, scope_prefix=scope_prefix) as store:
         report = await store.purge_idle(
-            sessions_idle_days * 86_400, include_latched=include_latched, prefix=session_prefix
+            policy.sessions_idle_seconds,
+            include_latched=policy.include_latched,
+            prefix=session_prefix,
         )
     click.echo(
         f"deleted {len(report.removed)} of {report.scanned} sessions idle for more than "
-        f"{sessions_idle_days:g} days"
+        f"{_days(policy.sessions_idle_seconds)}"
     )
     if report.kept_latched:
         click.echo(
             f"kept {len(report.kept_latched)} idle sessions waiting for recovery "
             "(--include-latched deletes them): " + ", ".join(report.kept_latched[:20])
         )
+
+
+def _policy(texts: tuple[str, ...], options: RetentionPolicy) -> RetentionPolicy:
+    """The --policy texts (or the environment's), then the explicit options over them."""
+    sources = texts or ((os.environ[POLICY_ENV],) if os.environ.get(POLICY_ENV) else ())
+    policy = RetentionPolicy()
+    for text in sources:
+        try:
+            policy = policy.merged(RetentionPolicy.parse(text))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--policy") from None
+    return policy.merged(options)
+
+
+def _days(seconds: float) -> str:
+    return f"{seconds / 86_400:g} days"
