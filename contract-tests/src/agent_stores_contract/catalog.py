@@ -91,6 +91,29 @@ async def talk(store: SessionStore, sid: str, text: str, **catalog: Any) -> None
         session.replace([*session.messages, *exchange(f"q {text}", f"a {text}")])
 
 
+async def killed_after_drops(drops: int, worker: str, *args: str) -> None:
+    """Run ``session_workers <worker> *args <drops>``, wait until it has dropped ``drops``
+    scopes and stopped, then SIGKILL it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent_stores_contract.session_workers",
+        worker,
+        *args,
+        str(drops),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), REAL_TIME_LIMIT_SECONDS)
+        assert json.loads(line or b"null") == {"dropped": drops}, await proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+
 class CatalogBehaviours(ContractBase):
     """Session catalog behaviours; a base of the session contract (uses its fixtures)."""
 
@@ -451,25 +474,7 @@ class CatalogBehaviours(ContractBase):
         alice, others = await populate_owners(store, ns)
         kept_scopes = [store.storage.scope_for(sid) for sid in others]
         before = {scope: await raw_entries(store, scope) for scope in kept_scopes}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agent_stores_contract.session_workers",
-            "erase-owner",
-            store_url,
-            f"{ns}-alice",
-            "2",
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        try:
-            assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), REAL_TIME_LIMIT_SECONDS)
-            assert json.loads(line or b"null") == {"dropped": 2}, await proc.stderr.read()  # type: ignore[union-attr]
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            await proc.wait()
+        await killed_after_drops(2, "erase-owner", store_url, f"{ns}-alice")
         assert sum([await store.inspect(sid) is None for sid in alice]) == 2
         report = await store.erase_owner(f"{ns}-alice")
         assert report.resumed and report.complete

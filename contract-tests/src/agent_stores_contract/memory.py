@@ -1142,6 +1142,50 @@ class MemoryContract(ContractBase):
                     cut = await store.read(path, max_chars=max(1, len(text) // 3))
                     assert cut is not None and cut.content == text[: max(1, len(text) // 3)]
 
+    # -- retention ------------------------------------------------------------------------
+
+    async def test_purge_older_than_deletes_files_not_written_for_that_long(
+        self, kv_factory: KVFactory, memory_factory: MemoryFactory
+    ) -> None:
+        """Retention without native expiry: purge_older_than deletes the files under its
+        prefix whose current version is older than the period (a chunked one with its
+        chunks), keeps a file rewritten since, a young one and every file outside the
+        prefix (value and version), and a second run deletes nothing."""
+        writer_kv, purger_kv = kv_factory(), kv_factory()
+        try:
+            writer = memory_factory(writer_kv)
+            big = "long " * writer_kv.limits.max_value_bytes
+            for path in ("u/old.md", "u/notes/big.md", "u/renewed.md", "v/old.md"):
+                await writer.write(path, big if "big" in path else path, expected_version=None)
+            base = purger_kv.clock
+            purger_kv.clock = lambda: base() + 40 * 86_400
+            writer_kv.clock = purger_kv.clock
+            renewed = await writer.read("u/renewed.md", max_chars=100)
+            assert renewed is not None
+            await writer.write("u/renewed.md", "again", expected_version=renewed.version)
+            await writer.write("u/young.md", "new", expected_version=None)
+            outside = await writer.read("v/old.md", max_chars=100)
+            purger = memory_factory(purger_kv)
+            report = await purger.purge_older_than(30 * 86_400, prefix="u/")
+            assert sorted(report.removed) == ["u/notes/big.md", "u/old.md"]
+            assert report.scanned == 4 and report.undated == 0
+            assert await writer.list_paths("", limit=10) == [
+                "u/renewed.md",
+                "u/young.md",
+                "v/old.md",
+            ]
+            assert await writer.read("u/notes/big.md", max_chars=10) is None
+            chunks = await purger_kv.scan(
+                writer.directory_scope("u/notes"), prefix="~c/", limit=10, values=False
+            )
+            assert chunks == []
+            assert await writer.read("v/old.md", max_chars=100) == outside
+            again = await purger.purge_older_than(30 * 86_400, prefix="u/")
+            assert again.removed == () and again.scanned == 2
+        finally:
+            await writer_kv.aclose()
+            await purger_kv.aclose()
+
     # -- concurrency ----------------------------------------------------------------------
 
     async def test_two_clients_share_memory(

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from agent_stores import open_sessions
+from agent_stores import KVStore, connect, open_sessions
 from agent_stores.capabilities import session_checkpoints
 from agent_stores.sessions import SessionStore
 from pydantic_ai import Agent
@@ -193,23 +193,47 @@ async def agent_turn(url: str, session_id: str, prompt: str) -> None:
     emit({"output": result.output, "messages": len(result.all_messages())})
 
 
+def stop_dropping_after(kv: KVStore, stop_after: str) -> None:
+    """Make ``kv`` stop for good before its ``stop_after + 1``-th ``drop_scope`` (printing
+    ``{"dropped": N}``), so the test can kill the process there."""
+    drop = kv.drop_scope
+    dropped = 0
+
+    async def counted(scope: str) -> int:
+        nonlocal dropped
+        if dropped >= int(stop_after):
+            emit({"dropped": dropped})
+            await asyncio.sleep(3600)
+        dropped += 1
+        return await drop(scope)
+
+    kv.drop_scope = counted  # type: ignore[method-assign]
+
+
 async def erase_owner(url: str, owner: str, stop_after: str) -> None:
     """Erase ``owner``'s sessions, stopping for good after ``stop_after`` sessions were
     dropped (it prints ``{"dropped": N}`` and waits to be killed)."""
     async with open_sessions(url) as store:
-        drop = store.kv.drop_scope
-        dropped = 0
-
-        async def counted(scope: str) -> int:
-            nonlocal dropped
-            if dropped >= int(stop_after):
-                emit({"dropped": dropped})
-                await asyncio.sleep(3600)
-            dropped += 1
-            return await drop(scope)
-
-        store.kv.drop_scope = counted  # type: ignore[method-assign]
+        stop_dropping_after(store.kv, stop_after)
         await store.erase_owner(owner)
+
+
+async def erase_subject(
+    url: str, subject: str, memory_prefix: str, runs_prefix: str, stop_after: str
+) -> None:
+    """Erase ``subject`` from the sessions, the memory store at ``memory_prefix`` and the
+    checkpointer at ``runs_prefix``, stopping for good after ``stop_after`` scopes were
+    dropped (it prints ``{"dropped": N}`` and waits to be killed)."""
+    from agent_stores.erasure import erase_subject as erase
+
+    async with connect(url) as connection:
+        stop_dropping_after(connection.kv, stop_after)
+        await erase(
+            subject,
+            sessions=connection.sessions(),
+            memory=connection.memory(scope_prefix=memory_prefix),
+            checkpointer=connection.checkpointer(scope_prefix=runs_prefix),
+        )
 
 
 WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
@@ -218,6 +242,7 @@ WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "effect": effect,
     "agent-turn": agent_turn,
     "erase-owner": erase_owner,
+    "erase-subject": erase_subject,
 }
 
 

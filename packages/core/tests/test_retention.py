@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from agent_stores import open_kv, open_sessions
+from agent_stores import open_kv, open_memory, open_sessions
 from agent_stores.cli import cli
 from agent_stores.damage import list_quarantined, quarantine
 from agent_stores.kv.base import Entry
@@ -18,6 +18,7 @@ from pydantic_ai.messages import ModelRequest, UserPromptPart
 def test_a_policy_reads_back_what_it_says() -> None:
     policy = RetentionPolicy.parse("sessions-idle=90d, runs-keep=20 quarantine=12h include-latched")
     assert policy == RetentionPolicy(90 * 86_400, True, 20, 12 * 3_600)
+    assert RetentionPolicy.parse("memory-age=365d").memory_age_seconds == 365 * 86_400
     assert RetentionPolicy.parse("").empty
     assert RetentionPolicy.parse("runs-keep=3").merged(RetentionPolicy(quarantine_seconds=5)) == (
         RetentionPolicy(runs_keep=3, quarantine_seconds=5)
@@ -31,7 +32,8 @@ def test_a_policy_reads_back_what_it_says() -> None:
         ("sessions-idle=0d", "duration"),
         ("runs-keep=0", "runs-keep"),
         ("runs-keep=two", "runs-keep"),
-        ("memory-age=1y", "unknown retention item"),
+        ("memory-age=1y", "duration"),
+        ("files-age=1d", "unknown retention item"),
         ("include-latched", "needs sessions-idle"),
     ],
 )
@@ -55,6 +57,46 @@ async def test_apply_retention_runs_each_part_on_its_store() -> None:
         assert report.runs is None
         with pytest.raises(ValueError, match="checkpointer"):
             await apply_retention(RetentionPolicy(runs_keep=1), sessions=sessions)
+
+
+async def test_memory_age_deletes_files_not_written_for_that_long() -> None:
+    """A file's age is its current version's: rewriting renews it; the prefix bounds the walk."""
+    async with open_memory("memory://retention-memory") as memory:
+        base = memory.kv.clock
+        for path in ("alice/old.md", "alice/renewed.md", "bob/old.md"):
+            await memory.write(path, "v1", expected_version=None)
+        memory.kv.clock = lambda: base() + 40 * 86_400  # type: ignore[method-assign]
+        renewed = await memory.read("alice/renewed.md", max_chars=10)
+        assert renewed is not None
+        await memory.write("alice/renewed.md", "v2", expected_version=renewed.version)
+        await memory.write("alice/new.md", "v1", expected_version=None)
+        report = await memory.purge_older_than(30 * 86_400, prefix="alice/")
+        assert report.removed == ("alice/old.md",) and report.scanned == 3
+        assert report.undated == 0
+        assert await memory.list_paths("", limit=10) == [
+            "alice/new.md",
+            "alice/renewed.md",
+            "bob/old.md",
+        ]
+        policy = RetentionPolicy.parse("memory-age=30d")
+        applied = await apply_retention(policy, memory=memory)
+        assert applied.memory is not None and applied.memory.removed == ("bob/old.md",)
+        with pytest.raises(ValueError, match="memory="):
+            await apply_retention(policy)
+
+
+def test_purge_memory_age_days(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/m.db"
+
+    async def write() -> None:
+        async with open_memory(url) as memory:
+            await memory.write("alice/a.md", "x", expected_version=None)
+
+    asyncio.run(write())
+    kept = CliRunner().invoke(cli, ["purge", url, "--memory-age-days", "1"])
+    assert "deleted 0 of 1 memory files not written for 1 days" in kept.output, kept.output
+    refused = CliRunner().invoke(cli, ["purge", url, "--memory-prefix", "alice/"])
+    assert refused.exit_code == 2 and "--memory-age-days" in refused.output
 
 
 async def quarantined(url: str, count: int) -> int:
@@ -90,5 +132,5 @@ def test_purge_policy_from_the_option_or_the_environment(
     gone = runner.invoke(cli, ["purge", url])
     assert gone.exit_code == 0, gone.output
     assert "deleted 2 records quarantined" in gone.output
-    bad = runner.invoke(cli, ["purge", url, "--policy", "memory-age=1y"])
+    bad = runner.invoke(cli, ["purge", url, "--policy", "files-age=1y"])
     assert bad.exit_code == 2 and "unknown retention item" in bad.output

@@ -11,7 +11,7 @@ in a KV store that never closes the client.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
 from .errors import ConfigError
@@ -24,6 +24,7 @@ from .url import StoreURL
 
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer
+    from .erasure import SubjectErasure
     from .memory import KVMemoryStore
     from .sessions import SessionStore
 
@@ -94,6 +95,32 @@ class StoreConnection(AsyncCloseable):
             raise
 
         return Checkpointer(self.kv, owns_kv=owns_kv, **options)
+
+    async def erase_subject(
+        self,
+        subject: str,
+        *,
+        memory_scope_prefixes: Sequence[str] | None = None,
+        checkpointer_options: CheckpointerOptions | None = None,
+    ) -> SubjectErasure:
+        """Erase everything of ``subject`` in this database and verify it (see
+        :func:`agent_stores.erasure.erase_subject`): its sessions, the memory namespaces
+        recorded for it (by stores with each of ``memory_scope_prefixes``; None: every
+        prefix recorded), its runs, and quarantined copies of their records.
+        """
+        from .erasure import erase_subject
+        from .subjects import SubjectIndex
+
+        if memory_scope_prefixes is None:
+            entries = await SubjectIndex(self.kv).entries(subject, "memory")
+            memory_scope_prefixes = sorted({e.store for e in entries})
+        return await erase_subject(
+            subject,
+            sessions=self.sessions(),
+            memory=[self.memory(scope_prefix=p) for p in memory_scope_prefixes],
+            checkpointer=self.checkpointer(**(checkpointer_options or {})),
+            kv=self.kv,
+        )
 
 
 def _needs_harness(feature: str, exc: ImportError) -> ConfigError:

@@ -19,7 +19,7 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .kv.base import Entry, KVStore
@@ -195,11 +195,16 @@ async def list_quarantined(kv: KVStore) -> list[Quarantined]:
 
 
 async def purge_quarantined(
-    kv: KVStore, older_than_seconds: float, *, scope_prefix: str = ""
+    kv: KVStore,
+    older_than_seconds: float,
+    *,
+    scope_prefix: str = "",
+    origin: Callable[[str], bool] | None = None,
 ) -> list[str]:
     """Retention: delete quarantined records older than ``older_than_seconds``; their keys.
 
-    Only records moved aside from scopes starting with ``scope_prefix`` (all by default).
+    Only records moved aside from scopes starting with ``scope_prefix`` (all by default),
+    and, with ``origin``, only those whose scope it accepts (an erasure's scopes).
     Keys start with the time of quarantine, so the walk stops at the first younger one.
     A record's header goes before its continuation parts; parts a crashed purge left
     without their header are deleted by the next purge without ``scope_prefix``.
@@ -220,12 +225,15 @@ async def purge_quarantined(
         if not slash:
             seen.add(base)
             assert item.entry is not None
-            if scope_prefix and not _origin(item.entry.value).startswith(scope_prefix):
+            came_from = _origin(item.entry.value)
+            if not came_from.startswith(scope_prefix) or (
+                origin is not None and not origin(came_from)
+            ):
                 continue
             chosen.add(base)
             await kv.delete(QUARANTINE_SCOPE, item.key)
             removed.append(item.key)
-        elif base in chosen or (base not in seen and not scope_prefix):
+        elif base in chosen or (base not in seen and not scope_prefix and origin is None):
             await kv.delete(QUARANTINE_SCOPE, item.key)
     return removed
 

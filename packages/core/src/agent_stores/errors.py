@@ -46,6 +46,8 @@ class ErrorCode(StrEnum):
     RUN_EXISTS = "RUN_EXISTS"
     RUN_UNCERTAIN_EFFECT = "RUN_UNCERTAIN_EFFECT"
     RUN_JOURNAL_MISMATCH = "RUN_JOURNAL_MISMATCH"
+    # Subjects (erasure).
+    SUBJECT_ERASING = "SUBJECT_ERASING"
 
 
 class Severity(StrEnum):

@@ -11,6 +11,7 @@ work for one release and warn.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 if TYPE_CHECKING:
@@ -68,6 +69,9 @@ class MemoryOptions(TypedDict, total=False):
     chunk_grace_seconds: float
     search: SearchConfig
     """Lexical, semantic or hybrid search, and the embedder (see docs/memory.md)."""
+    subject_of: Callable[[str], tuple[str, str] | None] | None
+    """Whose files these are: path -> ``(namespace, subject)`` (see docs/subjects.md)."""
+    subject_prefix: str
     receipt_ttl: float
     """Deprecated: ``receipt_ttl_seconds``."""
     chunk_grace: float
@@ -80,6 +84,7 @@ class CheckpointerOptions(TypedDict, total=False):
     scope_prefix: str
     ttl_seconds: float | None
     max_snapshots_per_run: int | None
+    subject_prefix: str
     namespace: str
     """Deprecated: ``scope_prefix`` (``namespace="cp"`` is ``scope_prefix="cp/"``)."""
     ttl: float | None

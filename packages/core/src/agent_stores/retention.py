@@ -10,7 +10,10 @@ separated by spaces or commas; durations in ``d``, ``h``, ``m`` or ``s``), given
 ``runs-keep=N``
     in every conversation, runs past its N most recent (:meth:`Checkpointer.keep_latest_runs`);
 ``quarantine=DURATION``
-    records quarantined by ``doctor --repair`` longer ago (:func:`damage.purge_quarantined`).
+    records quarantined by ``doctor --repair`` longer ago (:func:`damage.purge_quarantined`);
+``memory-age=DURATION``
+    memory files not written for that long, in every namespace
+    (:meth:`KVMemoryStore.purge_older_than`; its ``prefix=`` limits it to one namespace).
 
 Each part works on backends without native expiry, reports what it deleted, and is
 finished by running it again after an interruption.
@@ -27,6 +30,8 @@ from .damage import purge_quarantined
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer, RunRetention
     from .kv.base import KVStore
+    from .memory import KVMemoryStore
+    from .memory.store import MemoryRetention
     from .sessions import IdlePurge, SessionStore
 
 #: The environment variable ``purge`` reads a policy from when ``--policy`` is not given.
@@ -44,6 +49,7 @@ class RetentionPolicy:
     include_latched: bool = False
     runs_keep: int | None = None
     quarantine_seconds: float | None = None
+    memory_age_seconds: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> RetentionPolicy:
@@ -57,6 +63,8 @@ class RetentionPolicy:
                 policy = replace(policy, sessions_idle_seconds=_duration(item, value))
             elif name == "quarantine" and sep:
                 policy = replace(policy, quarantine_seconds=_duration(item, value))
+            elif name == "memory-age" and sep:
+                policy = replace(policy, memory_age_seconds=_duration(item, value))
             elif name == "runs-keep" and sep:
                 if not value.isdigit() or int(value) < 1:
                     raise ValueError(f"{item!r}: runs-keep needs a whole number >= 1")
@@ -64,7 +72,7 @@ class RetentionPolicy:
             else:
                 raise ValueError(
                     f"unknown retention item {item!r}; expected sessions-idle=DURATION, "
-                    "include-latched, runs-keep=N or quarantine=DURATION"
+                    "include-latched, runs-keep=N, quarantine=DURATION or memory-age=DURATION"
                 )
         if policy.include_latched and policy.sessions_idle_seconds is None:
             raise ValueError("include-latched needs sessions-idle=DURATION")
@@ -81,6 +89,9 @@ class RetentionPolicy:
             other.quarantine_seconds
             if other.quarantine_seconds is not None
             else self.quarantine_seconds,
+            other.memory_age_seconds
+            if other.memory_age_seconds is not None
+            else self.memory_age_seconds,
         )
 
     @property
@@ -89,6 +100,7 @@ class RetentionPolicy:
             self.sessions_idle_seconds is None
             and self.runs_keep is None
             and self.quarantine_seconds is None
+            and self.memory_age_seconds is None
         )
 
 
@@ -99,6 +111,7 @@ class RetentionReport:
     sessions: IdlePurge | None = None
     runs: RunRetention | None = None
     quarantined: tuple[str, ...] | None = None
+    memory: MemoryRetention | None = None
 
 
 async def apply_retention(
@@ -107,6 +120,7 @@ async def apply_retention(
     kv: KVStore | None = None,
     sessions: SessionStore | None = None,
     checkpointer: Checkpointer | None = None,
+    memory: KVMemoryStore | None = None,
 ) -> RetentionReport:
     """Apply each part of ``policy`` to the store it concerns (``ValueError`` if one is missing)."""
     report = RetentionReport()
@@ -119,6 +133,10 @@ async def apply_retention(
         if checkpointer is None:
             raise ValueError("the policy keeps the latest runs: pass checkpointer=")
         report = replace(report, runs=await checkpointer.keep_latest_runs(policy.runs_keep))
+    if policy.memory_age_seconds is not None:
+        if memory is None:
+            raise ValueError("the policy deletes old memory files: pass memory=")
+        report = replace(report, memory=await memory.purge_older_than(policy.memory_age_seconds))
     if policy.sessions_idle_seconds is not None:
         if sessions is None:
             raise ValueError("the policy deletes idle sessions: pass sessions=")

@@ -19,6 +19,7 @@ from ..errors import CorruptRecordError
 from ..kv.base import KVStore
 from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
+from ..subjects import DEFAULT_SUBJECT_PREFIX, SubjectEntry
 from .codec import decode_record
 from .port import JournalPort
 from .space import (
@@ -56,6 +57,7 @@ class Checkpointer(KVBackedStore):
     the deprecated names of these options. ``port`` is the backend's native
     :class:`~agent_stores.checkpointer.port.JournalPort` (an append in one transaction),
     from its ``journal_port`` hook (asked when None is given), else the generic two-step append.
+    ``subject_prefix`` names the per-subject scopes (:meth:`bind_subject`).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class Checkpointer(KVBackedStore):
         namespace: str = UNSET,
         ttl: float | None = UNSET,
         port: JournalPort | None = None,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
     ) -> None:
         self.kv = kv
         self.owns_kv = owns_kv
@@ -77,6 +80,7 @@ class Checkpointer(KVBackedStore):
             scope_prefix=scope_prefix_option("Checkpointer", scope_prefix, namespace),
             ttl=renamed_option("Checkpointer", "ttl", ttl, "ttl_seconds", ttl_seconds),
             port=port,
+            subject_prefix=subject_prefix,
         )
         self._max_snapshots_per_run = max_snapshots_per_run
         self._step_store: KVStepStore | None = None
@@ -270,6 +274,21 @@ class Checkpointer(KVBackedStore):
         if self._step_store is not None:
             self._step_store.forget(run_id)
         return removed > 0 or indexed
+
+    @telemetry.traced("journal.bind_subject")
+    async def bind_subject(self, run_id: str, subject: str) -> None:
+        """Record that ``run_id`` belongs to ``subject``, so ``erase_subject`` deletes it.
+
+        Call it before the run's first write. Raises
+        :class:`~agent_stores.subjects.SubjectErasingError` while the subject is being
+        erased. A step store's ``register_run`` does the same for a record whose
+        ``metadata["subject"]`` is set; a run whose conversation id is one of the subject's
+        sessions needs neither.
+        """
+        self.space.scope(run_id)  # validates the id
+        await self.space.subjects.record(
+            subject, SubjectEntry("run", self.space.scope_prefix, run_id)
+        )
 
     @telemetry.traced("journal.keep_latest_runs")
     async def keep_latest_runs(self, keep: int, *, conversation_prefix: str = "") -> RunRetention:

@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import Entry, KVStore
 from ..options import UNSET, renamed_option
+from ..subjects import DEFAULT_SUBJECT_PREFIX, SubjectIndex
 from .codec import canonical, decode_record, digest
 from .port import AppendRequest, JournalPort, KVJournalPort
 
@@ -145,6 +146,7 @@ class RunSpace:
         scope_prefix: str = DEFAULT_SCOPE_PREFIX,
         ttl: float | None = None,
         port: JournalPort | None = None,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
     ) -> None:
         if not isinstance(scope_prefix, str) or not scope_prefix:
             raise ValueError(f"scope_prefix must be a non-empty string, got {scope_prefix!r}")
@@ -155,6 +157,8 @@ class RunSpace:
         self.ttl = ttl
         #: the backend's native journal port, or the generic one
         self.port: JournalPort = port or kv.ports.journal or KVJournalPort()
+        #: where runs are recorded under their subject (see :mod:`agent_stores.subjects`)
+        self.subjects = SubjectIndex(kv, prefix=subject_prefix)
         # run_id -> (absolute expiry or inf, monotonic time it was checked): presence means
         # "indexed, as far as this process knows".
         self._anchors: LRU[str, tuple[float, float]] = LRU(_CACHE_RUNS)

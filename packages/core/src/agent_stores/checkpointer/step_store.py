@@ -39,6 +39,7 @@ from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import KVStore
 from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
+from ..subjects import SubjectEntry
 from .codec import canonical, decode_record, digest
 from .errors import RunExistsError
 from .port import JournalPort
@@ -62,6 +63,10 @@ SNAPSHOTS_LOG = "sn"
 _POINTER = "sp"
 _RUN = "run"
 _MAX_IDENT = 200
+
+
+#: The run metadata key naming the run's subject (see :mod:`agent_stores.subjects`).
+SUBJECT_METADATA_KEY = "subject"
 
 
 def _ident(key: str | None) -> str:
@@ -275,6 +280,13 @@ class KVStepStore(KVBackedStore):
         (same ``registration_id``, or an identical record) is a no-op."""
         run_id = record.run_id
         scope = self.space.scope(run_id)
+        subject = record.metadata.get(SUBJECT_METADATA_KEY)
+        if subject:
+            # Before anything of the run is written (its listing entry too): an erase of
+            # the subject finds it, and one under way refuses it.
+            await self.space.subjects.record(
+                subject, SubjectEntry("run", self.space.scope_prefix, run_id)
+            )
         ttl = await self.space.write_ttl(run_id)
         data = run_to_dict(record)
         # Indexes first: a crash before the run record leaves an entry readers skip.

@@ -34,6 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "agent_stores.cli.admin:purge",
         "Delete expired entries the backend does not collect.",
     ),
+    "erase": (
+        "agent_stores.cli.erase:erase",
+        "Erase a subject's sessions, memory and runs; verify.",
+    ),
     "demo": ("agent_stores.cli.demo:demo", "Run the scripted agent demo (no API key)."),
     "demo-recall": (
         "agent_stores.cli.recall_demo:demo_recall",

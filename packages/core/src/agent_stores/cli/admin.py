@@ -56,6 +56,19 @@ async def setup(url: str | None) -> None:
     default=None,
     help="Retention: delete records quarantined (doctor --repair) more than N days ago.",
 )
+@click.option(
+    "--memory-age-days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Retention: delete memory files not written for this many days.",
+)
+@click.option("--memory-prefix", default="", help="With memory-age: only paths starting with this.")
+@click.option(
+    "--memory-scope-prefix",
+    default="memory:",
+    show_default=True,
+    help="Of the memory store.",
+)
 @click.option("--scope-prefix", default="session:", show_default=True, help="Of the sessions.")
 @click.option("--session-prefix", default="", help="Only session ids starting with this.")
 @run_async
@@ -66,6 +79,9 @@ async def purge(
     include_latched: bool,
     runs_keep: int | None,
     quarantine_days: float | None,
+    memory_age_days: float | None,
+    memory_prefix: str,
+    memory_scope_prefix: str,
     scope_prefix: str,
     session_prefix: str,
 ) -> None:
@@ -74,8 +90,9 @@ async def purge(
     A retention policy (--policy, or $AGENT_STORES_RETENTION) names what may go:
     sessions-idle=DURATION (sessions no turn used for that long; add include-latched for
     those waiting for recovery), runs-keep=N (runs of each conversation past its N most
-    recent), quarantine=DURATION (quarantined copies older than that). The --*-days and
-    --runs-keep options set the same items. Each part reports what it deleted; run it
+    recent), quarantine=DURATION (quarantined copies older than that), memory-age=DURATION
+    (memory files not written for that long). The --*-days and --runs-keep options set the
+    same items. Each part reports what it deleted; run it
     again after an interruption.
     """
     policy = _policy(
@@ -85,8 +102,11 @@ async def purge(
             include_latched,
             runs_keep,
             None if quarantine_days is None else quarantine_days * 86_400,
+            None if memory_age_days is None else memory_age_days * 86_400,
         ),
     )
+    if policy.memory_age_seconds is None and memory_prefix:
+        raise click.UsageError("--memory-prefix needs --memory-age-days (or memory-age=)")
     if policy.sessions_idle_seconds is None and (policy.include_latched or session_prefix):
         raise click.UsageError("--include-latched and --session-prefix need --sessions-idle-days")
     target = resolve_url(url)
@@ -107,6 +127,16 @@ async def purge(
         click.echo(
             f"deleted {len(runs.removed)} runs; kept the {policy.runs_keep} most recent of each "
             f"of {runs.conversations} conversations ({runs.kept} runs)"
+        )
+    if policy.memory_age_seconds is not None:
+        from ..connection import open_memory
+
+        async with open_memory(target, scope_prefix=memory_scope_prefix) as memory:
+            aged = await memory.purge_older_than(policy.memory_age_seconds, prefix=memory_prefix)
+        click.echo(
+            f"deleted {len(aged.removed)} of {aged.scanned} memory files not written for "
+            f"{_days(policy.memory_age_seconds)}"
+            + (f" (kept {aged.undated} with no write time)" if aged.undated else "")
         )
     if policy.sessions_idle_seconds is None:
         return

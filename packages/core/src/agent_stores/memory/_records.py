@@ -119,6 +119,9 @@ class FileRecord:
     """Encoded metadata (``encode_metadata``) when stored inline."""
     metadata_chunks: int = 0
     receipts: list[Receipt] = field(default_factory=list)
+    written_at: int | None = None
+    """When this version was written (whole seconds, the KV store's clock); None in
+    records written before the field existed."""
     _encoding: bytes | None = field(default=None, repr=False, compare=False)
 
     def encoded(self) -> bytes:
@@ -151,6 +154,8 @@ class FileRecord:
                 obj["mc"] = self.metadata_chunks
             if self.token is not None:
                 obj["t"] = self.token
+            if self.written_at is not None:
+                obj["w"] = self.written_at
         text = _COMPACT_TEXT.encode(obj)
         if self.receipts:
             # Receipts are appended as their kept JSON (the same bytes ``"r": [...]`` gives).
@@ -174,6 +179,7 @@ class FileRecord:
                 metadata=obj.get("m"),
                 metadata_chunks=int(obj.get("mc", 0)),
                 receipts=[Receipt.load(r) for r in obj.get("r", [])],
+                written_at=int(obj["w"]) if "w" in obj else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptRecordError(

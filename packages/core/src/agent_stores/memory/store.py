@@ -32,6 +32,7 @@ from ..errors import (
 from ..kv.base import Entry, KVStore, new_version
 from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
+from ..subjects import DEFAULT_SUBJECT_PREFIX, SubjectEntry, SubjectIndex
 from ..url import redact
 from . import _harness
 from ._harness import validate_store_path, validate_store_prefix
@@ -102,6 +103,32 @@ _KNOWN_BYTES = 16 << 20
 # Directories whose markers a store remembers having written; past this many it starts
 # over (a forgotten directory costs its marker checks once more, in the same commit).
 _KNOWN_DIRS = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRetention:
+    """What :meth:`KVMemoryStore.purge_older_than` deleted."""
+
+    removed: tuple[str, ...]
+    """Paths deleted."""
+    scanned: int
+    """Files looked at."""
+    undated: int
+    """Files kept because their record holds no write time (written by a version of this
+    library before records carried one, inline and without receipts)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceErasure:
+    """What :meth:`KVMemoryStore.erase_namespace` removed and read back."""
+
+    namespace: str
+    scopes: int
+    """Directory scopes dropped (the namespace's and every one below it)."""
+    receipts: int
+    """Receipt index entries of its paths deleted."""
+    entries_left: int
+    """Entries found in those scopes, and paths listed, afterwards; 0: complete."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +218,14 @@ class KVMemoryStore(KVBackedStore):
         search: how :meth:`search` ranks files (:class:`~agent_stores.memory.SearchConfig`);
             None: lexically, as the harness's own stores do. With a semantic or hybrid
             mode, each written version's passages are embedded after its commit.
+        subject_of: whose files these are (:mod:`agent_stores.subjects`): given a path,
+            ``(namespace, subject)`` (the namespace a path prefix ending in ``/``) or None.
+            Every write and delete of a path with a subject first checks the subject is
+            not being erased (one read) and records the namespace under the subject, so
+            ``erase_subject`` finds it. ``agent_stores.subjects.namespace_subject()``: the
+            first path segment (the harness's namespace) is the subject.
+        subject_prefix: the scope prefix of the per-subject scopes (shared with the other
+            stores of the same KV store).
     """
 
     def __init__(
@@ -208,6 +243,8 @@ class KVMemoryStore(KVBackedStore):
         chunk_grace: float = UNSET,
         port: MemoryPort | None = None,
         search: SearchConfig | None = None,
+        subject_of: Callable[[str], tuple[str, str] | None] | None = None,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
     ) -> None:
         receipt_ttl = renamed_option(
             "KVMemoryStore", "receipt_ttl", receipt_ttl, "receipt_ttl_seconds", receipt_ttl_seconds
@@ -229,6 +266,8 @@ class KVMemoryStore(KVBackedStore):
             raise ValueError("chunk_grace_seconds must be >= 0")
         if search is not None and not isinstance(search, SearchConfig):
             raise TypeError(f"search must be a SearchConfig, got {type(search).__name__}")
+        if subject_of is not None and not callable(subject_of):
+            raise TypeError("subject_of must be a callable: path -> (namespace, subject) or None")
         self.kv = kv
         self._owns_kv = owns_kv
         self._prefix = scope_prefix
@@ -258,6 +297,8 @@ class KVMemoryStore(KVBackedStore):
         self._indexing_gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         # Directory scopes whose native index lagged too far (said once each).
         self._backlogged: set[str] = set()
+        self._subject_of = subject_of
+        self.subjects = SubjectIndex(kv, prefix=subject_prefix)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kv.describe()} prefix={self._prefix!r}>"
@@ -369,6 +410,7 @@ class KVMemoryStore(KVBackedStore):
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
         loc = self._locate(path)
+        await self._admit(path)
         mutation = await self._mutate(
             loc, _Request(content, encoded, expected_version, operation, delete=False)
         )
@@ -391,6 +433,7 @@ class KVMemoryStore(KVBackedStore):
         with ``expected_version=None`` succeeds with ``existed=False``."""
         validate_store_path(path)
         loc = self._locate(path)
+        await self._admit(path)
         mutation = await self._mutate(
             loc, _Request(None, None, expected_version, operation, delete=True)
         )
@@ -416,6 +459,132 @@ class KVMemoryStore(KVBackedStore):
                 if len(paths) >= limit:
                     break
         return paths
+
+    # -- subjects -------------------------------------------------------------------------
+
+    def subject_namespace(self, path: str) -> tuple[str, str] | None:
+        """``(namespace, subject)`` of ``path`` by ``subject_of`` (None: no subject)."""
+        if self._subject_of is None:
+            return None
+        found = self._subject_of(path)
+        if found is None:
+            return None
+        namespace, subject = found
+        if not (namespace.endswith("/") and path.startswith(namespace)):
+            raise ValueError(
+                f"subject_of({path!r}) gave namespace {namespace!r}: it must be a prefix of "
+                "the path ending in '/'"
+            )
+        return namespace, subject
+
+    async def _admit(self, path: str) -> None:
+        """Refuse a write of an erased subject's file; record the namespace under it."""
+        found = self.subject_namespace(path)
+        if found is None:
+            return
+        namespace, subject = found
+        entry = SubjectEntry("memory", self._prefix, namespace)
+        if await self.subjects.record(subject, entry):
+            # New to the subject (perhaps erased before): markers this process saw
+            # written under the namespace may be gone.
+            self._forget_namespace(namespace)
+
+    def _forget_namespace(self, namespace: str) -> None:
+        directory = namespace.rstrip("/")
+        self._known_dirs = {
+            d for d in self._known_dirs if d != directory and not d.startswith(namespace)
+        }
+        for path in [p for p in self._known if p.startswith(namespace)]:
+            self._forget(path)
+
+    async def erase_namespace(self, namespace: str) -> NamespaceErasure:
+        """Delete every file under ``namespace`` (a path prefix ending in ``/``) with all it
+        holds — chunks, metadata, vector records and their native index rows, tombstones,
+        directory markers, and the receipt index entries naming its paths — then read it back.
+
+        Directories go deepest first, so an erase cut off anywhere leaves what remains
+        reachable from the namespace, and running it again finishes it. Receipt index
+        entries are found by walking the receipt index (every entry of this store, kept
+        ``receipt_ttl_seconds``). Writes made meanwhile are not fenced here:
+        ``erase_subject`` fences the writes of a subject's namespaces first.
+        """
+        validate_store_prefix(namespace)
+        if not namespace.endswith("/"):
+            raise ValueError(f"a namespace is a path prefix ending in '/', got {namespace!r}")
+        directory = namespace[:-1]
+        directories = [d async for d in self._directories(directory)]
+        scopes = [self._scope(d) for d in reversed(directories)]
+        vector_port = self.kv.ports.vector
+        for scope in scopes:
+            if vector_port is not None and await vector_port.unavailable() is None:
+                await vector_port.drop_scope(scope)
+            await self.kv.drop_scope(scope)
+        parent, _, name = directory.rpartition("/")
+        await self.kv.delete(self._scope(parent), name + MARKER_SUFFIX)
+        receipts = await self._erase_receipts(namespace)
+        self._forget_namespace(namespace)
+        left = 0
+        for scope in scopes:
+            left += len(await self.kv.scan(scope, limit=100, values=False))
+        left += len(await self.list_paths(namespace, limit=100))
+        return NamespaceErasure(namespace, len(scopes), receipts, left)
+
+    async def _erase_receipts(self, namespace: str) -> int:
+        """Delete the receipt index entries of paths under ``namespace``."""
+        removed = 0
+        for scope in await self._receipt_scopes():
+            async for item in self.kv.iter_scan(scope, page_size=self._page_size):
+                assert item.entry is not None
+                try:
+                    path = IndexEntry.load(item.entry.value, where=f"{scope}/{item.key}").path
+                except CorruptRecordError:
+                    continue  # doctor reports it; it names no path we can read
+                if path.startswith(namespace):
+                    removed += await self.kv.delete(scope, item.key)
+        return removed
+
+    async def _receipt_scopes(self) -> list[str]:
+        base = f"{self._prefix}~ops/"
+        found: list[str] = []
+        async for scope in self.kv.iter_scopes(prefix=base):
+            found.append(scope)
+        return found
+
+    # -- retention --------------------------------------------------------------------------
+
+    @telemetry.traced("memory.purge_older_than")
+    async def purge_older_than(self, seconds: float, *, prefix: str = "") -> MemoryRetention:
+        """Retention: delete the files under ``prefix`` not written for ``seconds``.
+
+        A file's age is that of its current version (every write renews it). Each is
+        deleted at the version read, so a file written meanwhile is kept. Files whose
+        records predate write times and hold no other date are kept and counted
+        (``undated``): their next write dates them. One walk over the namespace; run it
+        again after an interruption to finish.
+        """
+        if seconds <= 0:
+            raise ValueError("seconds must be positive")
+        validate_store_prefix(prefix)
+        cutoff = self.kv.clock() - seconds
+        directory, _, key_prefix = prefix.rpartition("/")
+        doomed: list[tuple[str, str]] = []
+        scanned = undated = 0
+        async with aclosing(self._walk(directory, key_prefix, self._page_size)) as files:
+            async for path, _, record in files:
+                scanned += 1
+                written = _written_at(record)
+                if written is None:
+                    undated += 1
+                elif written < cutoff and record.version is not None:
+                    doomed.append((path, record.version))
+        removed: list[str] = []
+        for path, version in doomed:
+            try:
+                await self.delete(path, expected_version=version)
+            except _harness.MemoryConflictError:
+                continue  # written again meanwhile: young now
+            removed.append(path)
+        return MemoryRetention(tuple(removed), scanned, undated)
 
     # -- SearchableMemoryStore ------------------------------------------------------------
 
@@ -1425,6 +1594,7 @@ class KVMemoryStore(KVBackedStore):
                     version=version,
                     operation_id=operation_id,
                     receipts=receipts,
+                    written_at=int(now),
                 )
                 if trim:
                     record.receipts = self._fit_receipts(record)
@@ -1715,6 +1885,7 @@ def _shaped_record(
     version: str,
     operation_id: str | None,
     receipts: list[Receipt],
+    written_at: int,
 ) -> FileRecord:
     """The live record of ``shape``; ``chunks`` holds what it lists as chunks (None: nothing)."""
     return FileRecord(
@@ -1728,7 +1899,21 @@ def _shaped_record(
         metadata=None if shape.metadata else metadata,
         metadata_chunks=len(chunks.metadata_pieces) if chunks is not None and shape.metadata else 0,
         receipts=list(receipts),
+        written_at=written_at,
     )
+
+
+def _written_at(record: FileRecord) -> float | None:
+    """When a file's version was written: its record says, or (records written before it
+    did) its chunk token or newest receipt; None when nothing tells."""
+    if record.written_at is not None:
+        return float(record.written_at)
+    if record.token:
+        try:
+            return float(int(record.token.partition("-")[0], 16))
+        except ValueError:
+            pass
+    return max((r.at for r in record.receipts), default=None)
 
 
 def _token_age(token: str, now: float) -> float:
