@@ -16,7 +16,7 @@ class TestFirestoreRequestBudget(RequestBudgetTests):
     budget = {
         "turn, warm (this client wrote last)": 3,
         "turn, cold (another client wrote last)": 3,
-        "memory write with receipt": 4,
+        "memory write with receipt": 1,
         "memory read": 1,
         "step append (harness step store)": 1,
         "journal append (checkpointer)": 1,

@@ -67,6 +67,8 @@ if TYPE_CHECKING:
         IndexWrite,
         KVMemoryPort,
         MemoryPort,
+        Transacting,
+        TransactMemoryPort,
         check_file_write,
     )
     from .memory.vector_port import NearestFiles, VectorEntry, VectorHit, VectorPort
@@ -152,6 +154,8 @@ _LAZY = {
             "IndexWrite",
             "KVMemoryPort",
             "MemoryPort",
+            "Transacting",
+            "TransactMemoryPort",
             "check_file_write",
         ],
         "agent_stores.memory.port",
@@ -252,6 +256,8 @@ __all__ = [
     "SessionStore",
     "StateHeader",
     "StoreURL",
+    "TransactMemoryPort",
+    "Transacting",
     "URLOption",
     "URLOptions",
     "UnknownOptionError",

@@ -18,49 +18,16 @@ ones (docs/dynamodb.md, "Cost per operation").
 
 from __future__ import annotations
 
-from agent_stores.backend import (
-    MARKER_VALUE,
-    Create,
-    Entry,
-    FileWrite,
-    Operation,
-    Replace,
-    check_file_write,
-)
+from agent_stores.backend import TransactMemoryPort
 
 from .kv import DynamoDBKV
 
 
-class DynamoDBMemoryPort:
-    """:class:`~agent_stores.memory.port.MemoryPort` on :class:`DynamoDBKV`: one
-    transaction a write (see the module doc)."""
-
-    atomic = True
+class DynamoDBMemoryPort(TransactMemoryPort):
+    """:class:`~agent_stores.memory.port.TransactMemoryPort` on :class:`DynamoDBKV`: one
+    TransactWriteItems a write (see the module doc)."""
 
     def __init__(self, kv: DynamoDBKV) -> None:
         if not isinstance(kv, DynamoDBKV):
             raise TypeError(f"DynamoDBMemoryPort needs a DynamoDBKV, got {type(kv).__name__}")
-        self.kv = kv
-
-    async def read(self, scope: str, key: str) -> Entry | None:
-        """``kv.get``."""
-        return await self.kv.get(scope, key)
-
-    async def write(self, write: FileWrite) -> str:
-        """Receipt index entry, record and markers in one TransactWriteItems."""
-        check_file_write(self.kv, write)
-        ops: list[tuple[str, Operation]] = []
-        if write.index is not None:
-            index = write.index
-            ops.append((index.scope, Create(index.key, index.value, ttl=index.ttl)))
-        if write.expected_version is None:
-            record: Operation = Create(write.key, write.value, ttl=write.ttl)
-        else:
-            record = Replace(write.key, write.value, write.expected_version, ttl=write.ttl)
-        ops.append((write.scope, record))
-        versions = await self.kv.transact(
-            ops, ensure=[(scope, key, MARKER_VALUE) for scope, key in write.markers]
-        )
-        version = versions[-1]
-        assert version is not None
-        return version
+        super().__init__(kv)

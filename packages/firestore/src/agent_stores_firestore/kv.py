@@ -981,6 +981,38 @@ class FirestoreKV(KVStore):
     # -- commit -----------------------------------------------------------------------------
 
     async def _commit(self, scope: str, ops: list[Operation], now: float) -> list[str | None]:
+        return await self._commit_across([scope] * len(ops), ops, now)
+
+    async def transact(
+        self,
+        ops: Sequence[tuple[str, Operation]],
+        *,
+        ensure: Sequence[tuple[str, str, bytes]] = (),
+    ) -> list[str | None]:
+        """``commit`` across scopes: ``(scope, operation)`` pairs all-or-nothing in one
+        ``Commit``, plus ``ensure``: ``(scope, key, value)`` documents created when absent
+        and left as they are when present (directory markers), which never fail it.
+
+        For this package's native ports (the memory port's record, receipt and markers):
+        the caller has checked ids and values (``check_file_write``). Returns each
+        operation's new version (None for Delete and Check); a failed condition raises
+        :class:`~agent_stores.errors.ConflictError` (``index`` into ``ops``). One request
+        when every expected version holds and no ``ensure`` document exists yet; else
+        the documents are read and the commit decided on them (three).
+        """
+        self.check_open()
+        scopes = [scope for scope, _ in ops] + [scope for scope, _, _ in ensure]
+        plain = [op for _, op in ops]
+        marks: list[Operation] = [_Ensure(key, value) for _, key, value in ensure]
+        versions = await within_deadline(
+            self, self._commit_across(scopes, plain + marks, self.clock())
+        )
+        return versions[: len(plain)]
+
+    async def _commit_across(
+        self, scopes: list[str], ops: list[Operation], now: float
+    ) -> list[str | None]:
+        """Commit ``ops[i]`` on ``scopes[i]`` all-or-nothing (``_Ensure`` ones last)."""
         if len(ops) > MAX_BATCH_WRITES:
             raise UnsupportedError(
                 detail=f"firestore commits at most {MAX_BATCH_WRITES} operations at once"
@@ -994,7 +1026,7 @@ class FirestoreKV(KVStore):
                 limit=MAX_COMMIT_BYTES,
             )
         await self._connect()
-        refs = [self._ref(scope, op.key) for op in ops]
+        refs = [self._ref(scope, op.key) for scope, op in zip(scopes, ops, strict=True)]
         nonces = [new_nonce() for _ in ops]
         conflicts = _conflict_types()
         # First try: preconditions straight from the operations (one round trip). When it
@@ -1004,7 +1036,7 @@ class FirestoreKV(KVStore):
         for _ in range(MAX_ROUNDS):
             # Built before the first attempt: a failed condition raises here, unsent.
             try:
-                _, expiries = self._build_batch(scope, ops, refs, nonces, now, state)
+                _, expiries = self._build_batch(scopes, ops, refs, nonces, now, state)
             except _DecideOnStoredState:
                 state = await self._read_all(refs)
                 continue
@@ -1016,36 +1048,37 @@ class FirestoreKV(KVStore):
             ) -> list[Any]:
                 # A fresh batch per attempt: a committed batch forgets its writes, so a
                 # re-sent one would be empty.
-                batch, _ = self._build_batch(scope, ops, refs, nonces, now, state)
+                batch, _ = self._build_batch(scopes, ops, refs, nonces, now, state)
                 results: list[Any] = await batch.commit(retry=None, timeout=seconds)
                 return results
 
             try:
                 results = await self._run(send, attempt)
             except _Ambiguous as lost:
-                applied = await self._applied(scope, ops, refs, nonces, expiries)
+                applied = await self._applied(scopes, ops, refs, nonces, expiries)
                 if applied is not None:
                     return applied
                 raise self._outcome_unknown(
-                    "commit", scope, ops[0].key, lost.__cause__
+                    "commit", scopes[0], ops[0].key, lost.__cause__
                 ) from lost.__cause__
             except conflicts:
                 if attempt.ambiguous:
-                    applied = await self._applied(scope, ops, refs, nonces, expiries)
+                    applied = await self._applied(scopes, ops, refs, nonces, expiries)
                     if applied is not None:
                         return applied
                     # It may have landed and been changed since: sending it again could
                     # apply it twice, and a conflict may be our own write's.
-                    raise self._outcome_unknown("commit", scope, ops[0].key) from None
+                    raise self._outcome_unknown("commit", scopes[0], ops[0].key) from None
                 state = await self._read_all(refs)
                 continue
+            # Skipped ``_Ensure`` documents come last: the first results are the ops'.
             return [
                 render_version(result.update_time, nonces[i], expiries[i])
                 if isinstance(ops[i], Create | Replace)
                 else None
                 for i, result in enumerate(results)
-            ]
-        raise ConflictError("keys kept changing during commit", scope=scope)
+            ] + [None] * (len(ops) - len(results))
+        raise ConflictError("keys kept changing during commit", scope=scopes[0])
 
     async def _read_all(self, refs: list[AsyncDocumentReference]) -> list[DocumentSnapshot]:
         client = self.client
@@ -1058,16 +1091,21 @@ class FirestoreKV(KVStore):
 
     async def _applied(
         self,
-        scope: str,
+        scopes: list[str],
         ops: list[Operation],
         refs: list[AsyncDocumentReference],
         nonces: list[str],
         expiries: list[float | None],
     ) -> list[str | None] | None:
         """Versions if a commit whose reply was lost was applied (its nonce is stored)."""
-        writes = [i for i, op in enumerate(ops) if isinstance(op, Create | Replace)]
+        # An ``_Ensure`` document found present is left with another write's nonce.
+        writes = [
+            i
+            for i, op in enumerate(ops)
+            if isinstance(op, Create | Replace) and not isinstance(op, _Ensure)
+        ]
         if not writes:
-            raise self._outcome_unknown("commit", scope, ops[0].key)
+            raise self._outcome_unknown("commit", scopes[0], ops[0].key)
         snaps = await self._read_all([refs[i] for i in writes])
         if all(self._nonce(snap) == nonces[i] for i, snap in zip(writes, snaps, strict=True)):
             out: list[str | None] = [None] * len(ops)
@@ -1078,7 +1116,7 @@ class FirestoreKV(KVStore):
 
     def _build_batch(
         self,
-        scope: str,
+        scopes: list[str],
         ops: list[Operation],
         refs: list[AsyncDocumentReference],
         nonces: list[str],
@@ -1092,10 +1130,10 @@ class FirestoreKV(KVStore):
             expires_at = self.expires_at(op.ttl, now) if isinstance(op, Create | Replace) else None
             expiries.append(expires_at)
             if state is None:
-                option = self._pin_to_expected(scope, ops, i, now)
+                option = self._pin_to_expected(scopes[i], ops, i, now)
                 exists = option is not None
             else:
-                option, exists = self._pin_to_stored(scope, op, i, state[i], now, absent)
+                option, exists = self._pin_to_stored(scopes[i], op, i, state[i], now, absent)
             self._add_write(batch, op, ref, nonces[i], expires_at, option, exists, absent)
         return batch, expiries
 
@@ -1123,6 +1161,8 @@ class FirestoreKV(KVStore):
         current = self._entry(snap)
         live = current if current is not None and not current.expired(now) else None
         stored = self._at(snap.update_time) if current is not None else absent
+        if isinstance(op, _Ensure) and live is not None:
+            return _LEAVE_AS_IS, True
         if isinstance(op, Create):
             if live is not None:
                 raise _operation_failed(scope, op, index, "key exists")
@@ -1149,6 +1189,8 @@ class FirestoreKV(KVStore):
         precondition is on an existing document."""
         from google.cloud.firestore import DELETE_FIELD
 
+        if option is _LEAVE_AS_IS:
+            return
         if isinstance(op, Create) and not exists:
             batch.create(ref, self._create_data(op.value, expires_at, nonce))
         elif isinstance(op, Create | Replace):
@@ -1224,6 +1266,15 @@ class FirestoreKV(KVStore):
         await self._connect()
         async for ref in self._entries(scope).list_documents(retry=None, timeout=self._timeout):
             yield ref.id
+
+
+class _Ensure(Create):
+    """A document of :meth:`FirestoreKV.transact`'s ``ensure``: created when absent, left
+    as it is when present. Tried as a create; when it fails, decided on what is stored."""
+
+
+#: The precondition of an ``_Ensure`` document found present: no write at all.
+_LEAVE_AS_IS = object()
 
 
 class _DecideOnStoredState(Exception):

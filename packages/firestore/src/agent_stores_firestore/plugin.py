@@ -3,11 +3,12 @@
 Importing this module must stay cheap: it never imports google-cloud-firestore. The
 factory is an import string resolved only when a ``firestore://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if the Firestore library is already
-imported (a client object cannot exist otherwise). Sessions and memory use the generic
-KV-built stores, with search by meaning on the native vector port
+imported (a client object cannot exist otherwise). Sessions use the generic KV-built
+store; a memory write commits its record, receipt index entry and directory markers in
+one Commit (:func:`memory_port`, the core's transaction port over
+:meth:`FirestoreKV.transact`), and search by meaning runs on the native vector port
 (:mod:`~agent_stores_firestore.vectors`, ``find_nearest``); the checkpointer appends to a
-run's journal or step log in one Commit
-(:func:`journal_port`, the core's commit port). For the contract's fault mode it offers
+run's journal or step log in one Commit (:func:`journal_port`, the core's commit port). For the contract's fault mode it offers
 :class:`~agent_stores_firestore.faults.FirestoreFaultInjector` (``fault_injector``, a gRPC
 interceptor) and ``proxied_url`` (an emulator URL through a TCP proxy).
 """
@@ -20,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 from agent_stores.backend import RegisterBackend, hookimpl
 
 if TYPE_CHECKING:
-    from agent_stores.backend import FaultInjector, JournalPort, KVStore, StoreURL, VectorPort
+    from agent_stores.backend import (
+        FaultInjector,
+        JournalPort,
+        KVStore,
+        MemoryPort,
+        StoreURL,
+        VectorPort,
+    )
 
 FACTORY = "agent_stores_firestore.kv:FirestoreKV.from_url"
 
@@ -58,6 +66,17 @@ def journal_port(kv: KVStore) -> JournalPort | None:
     from agent_stores.backend import CommitJournalPort
 
     return CommitJournalPort(kv)
+
+
+@hookimpl
+def memory_port(kv: KVStore) -> MemoryPort | None:
+    """Record, receipt index entry and markers of a memory write in one Commit."""
+    kv_module = sys.modules.get("agent_stores_firestore.kv")
+    if kv_module is None or not isinstance(kv, kv_module.FirestoreKV):
+        return None
+    from agent_stores.backend import TransactMemoryPort
+
+    return TransactMemoryPort(kv)
 
 
 @hookimpl

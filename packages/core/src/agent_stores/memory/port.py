@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..errors import ConflictError
-from ..kv.base import Entry, KVStore
+from ..kv.base import Create, Entry, KVStore, Operation, Replace
 
 logger = logging.getLogger("agent_stores.memory")
 
@@ -108,6 +108,67 @@ class MemoryPort(Protocol):
         """Apply ``write``; the record's new KV version, or ConflictError when its
         condition (or, on an atomic port, the index's absence) does not hold."""
         ...
+
+
+class Transacting(Protocol):
+    """A KV store with a cross-scope transaction (DynamoDB, Firestore): what
+    :class:`TransactMemoryPort` needs."""
+
+    async def get(self, scope: str, key: str) -> Entry | None: ...
+
+    async def transact(
+        self,
+        ops: Sequence[tuple[str, Operation]],
+        *,
+        ensure: Sequence[tuple[str, str, bytes]] = (),
+    ) -> list[str | None]:
+        """``(scope, operation)`` pairs all-or-nothing across scopes, plus ``ensure``:
+        ``(scope, key, value)`` entries created when absent and left as they are when
+        present, which never fail it. Each operation's new version (None for Delete and
+        Check); ConflictError (``index`` into ``ops``) on a failed condition."""
+        ...
+
+
+class TransactMemoryPort:
+    """An atomic :class:`MemoryPort` on a KV store with a cross-scope ``transact``: the
+    receipt index entry (created only if absent), the record's create or replace and the
+    directory markers (ensured) in one transaction.
+
+    A backend whose KV store implements :class:`Transacting` offers it from its
+    ``memory_port`` hook; the store, seeing an atomic port, writes without reading first
+    when it can predict the record's version.
+    """
+
+    atomic = True
+
+    def __init__(self, kv: KVStore) -> None:
+        if not callable(getattr(kv, "transact", None)):
+            raise TypeError(f"{type(kv).__name__} has no transact(ops, ensure=)")
+        self.kv = kv
+
+    async def read(self, scope: str, key: str) -> Entry | None:
+        """``kv.get``."""
+        return await self.kv.get(scope, key)
+
+    async def write(self, write: FileWrite) -> str:
+        """Receipt index entry, record and markers in one transaction."""
+        check_file_write(self.kv, write)
+        ops: list[tuple[str, Operation]] = []
+        if write.index is not None:
+            index = write.index
+            ops.append((index.scope, Create(index.key, index.value, ttl=index.ttl)))
+        if write.expected_version is None:
+            record: Operation = Create(write.key, write.value, ttl=write.ttl)
+        else:
+            record = Replace(write.key, write.value, write.expected_version, ttl=write.ttl)
+        ops.append((write.scope, record))
+        transacting: Transacting = self.kv  # type: ignore[assignment]
+        versions = await transacting.transact(
+            ops, ensure=[(scope, key, MARKER_VALUE) for scope, key in write.markers]
+        )
+        version = versions[-1]
+        assert version is not None
+        return version
 
 
 class KVMemoryPort:
