@@ -385,6 +385,39 @@ class SemanticContract(ContractBase):
         assert await kv.get(scope, index.key("kept.md")) is not None
         assert paths(await semantic.search("u/", "family", **BOUNDS)) == ["u/kept.md"]
 
+    async def test_erase_namespace_leaves_no_vector_behind(
+        self, kv: KVStore, semantic: KVMemoryStore
+    ) -> None:
+        """erase_namespace drops a namespace's vector records and, where the backend has a
+        native vector index, its rows there (nearest finds nothing in the erased scopes),
+        and leaves another namespace's searchable."""
+        await semantic.write(
+            "u/n1.md", "The user's daughter is called Maya.", expected_version=None
+        )
+        await semantic.write("u/deep/n2.md", "son Tom", expected_version=None)
+        await semantic.write("v/n1.md", "The user's daughter is called Ada.", expected_version=None)
+        await semantic.wait_indexed()
+        for prefix in ("u/", "u/deep/", "v/"):  # a search fills the native index, if any
+            assert (await semantic.search(prefix, "family", **BOUNDS)).matches
+        report = await semantic.erase_namespace("u/")
+        assert report.entries_left == 0 and report.scopes == 2
+        index = semantic.semantic_index
+        assert index is not None
+        native = await index.native()
+        query = await index.embed_query("family")
+        for directory in ("u", "u/deep"):
+            scope = semantic.directory_scope(directory)
+            assert await kv.scan(scope, limit=10, values=False) == []
+            if native is not None:
+                found = await native.nearest(
+                    scope, index.model, query, key_prefix="", limit=10, max_files=100
+                )
+                assert (found.hits, found.stale, found.considered) == ([], [], 0), (
+                    f"native index rows of {scope} outlived the erase"
+                )
+        assert paths(await semantic.search("u/", "family", **BOUNDS)) == []
+        assert paths(await semantic.search("v/", "family", **BOUNDS)) == ["v/n1.md"]
+
     async def test_concurrent_indexing_from_processes(
         self,
         kv: KVStore,
