@@ -22,6 +22,7 @@ import functools
 import os
 import random
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import (
     AsyncGenerator,
@@ -89,20 +90,107 @@ async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
     if running is not None and running[0] == id(kv) and running[1] is task and running[2] <= ends:
         # Already bounded by an outer call of this store, which ends first and reports it.
         return await call
+    if task is None:  # pragma: no cover - always inside a task under asyncio.run
+        return await call
     token = _running_deadline.set((id(kv), task, ends))
-    scope = asyncio.timeout_at(ends)
+    watch = _DeadlineWatch.of(loop)
+    slot = watch.enter(loop, task, ends)
     try:
-        async with scope:
-            return await call
-    except TimeoutError:
-        if not scope.expired():
-            raise
+        return await call
+    except asyncio.CancelledError:
+        if not slot.fired or task.uncancel() > slot.cancelling:
+            raise  # cancelled by someone else
         raise BackendUnavailableError(
             detail=f"{kv.describe()} did not answer within {deadline:g} s "
             "(the call's deadline: the URL option deadline=SECONDS)"
         ) from None
     finally:
+        watch.leave(slot)
         _running_deadline.reset(token)
+
+
+class _Slot:
+    """One bounded call: its task, when it must end, and whether the watch cancelled it."""
+
+    __slots__ = ("cancelling", "ends", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any], ends: float) -> None:
+        self.task = task
+        self.ends = ends
+        self.cancelling = task.cancelling()
+        self.fired = False
+
+
+class _DeadlineWatch:
+    """The deadlines of one event loop, checked by one timer.
+
+    ``asyncio.timeout`` arms and cancels a timer per call (a heap push each), which a
+    store pays on every request; here a call only enters and leaves a set, and one timer,
+    armed while calls are running (and one tick after), cancels the tasks of those past
+    their end. It fires every :data:`_WATCH_TICK` seconds, or earlier for a call that ends
+    sooner, so a call is cancelled at most a tick after its deadline.
+    """
+
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _DeadlineWatch]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Nothing here may hold the loop (it is this watch's key in ``_by_loop``): the
+        # timer is known by its time and generation, never by its handle.
+        self._loop = weakref.ref(loop)
+        self.slots: set[_Slot] = set()
+        self.next_check: float | None = None
+        self.generation = 0
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _DeadlineWatch:
+        watch = cls._by_loop.get(loop)
+        if watch is None:
+            watch = cls._by_loop[loop] = cls(loop)
+        return watch
+
+    def enter(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ends: float) -> _Slot:
+        slot = _Slot(task, ends)
+        self.slots.add(slot)
+        if self.next_check is None:
+            self._arm(loop, min(ends, loop.time() + _WATCH_TICK))
+        elif ends < self.next_check:
+            self._arm(loop, ends)  # the earlier timer supersedes the armed one
+        return slot
+
+    def leave(self, slot: _Slot) -> None:
+        # The timer stays armed: it lapses at its next check when no call is left, so
+        # calls one after another do not arm and cancel one each.
+        self.slots.discard(slot)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self.generation += 1
+        self.next_check = when
+        loop.call_at(when, self._check, self.generation)
+
+    def _check(self, generation: int) -> None:
+        loop = self._loop()
+        if generation != self.generation or loop is None:
+            return  # superseded by an earlier one
+        now = loop.time()
+        earliest = now + _WATCH_TICK
+        for slot in self.slots:
+            if slot.fired:
+                continue
+            if slot.ends <= now:
+                slot.fired = True
+                slot.task.cancel()
+            else:
+                earliest = min(earliest, slot.ends)
+        if self.slots:
+            self._arm(loop, earliest)
+        else:
+            self.next_check = None
+
+
+#: Seconds between two checks of the running calls' deadlines (see ``_DeadlineWatch``).
+_WATCH_TICK = 0.05
 
 
 def _bounded(

@@ -1,0 +1,66 @@
+"""Call deadlines (``within_deadline``): one timer per event loop bounds every call."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+
+import pytest
+from agent_stores import BackendUnavailableError, open_kv
+from agent_stores.kv.base import within_deadline
+
+
+async def test_a_hanging_call_ends_at_its_deadline_and_others_at_theirs() -> None:
+    """Concurrent calls with different deadlines: the hanging ones are reported
+    unavailable (a typed error, never a bare timeout) close to their own deadline; the
+    quick ones return; a call made after all of them still gets its deadline."""
+    short = open_kv("memory://deadline-a?deadline=0.2")
+    long = open_kv("memory://deadline-b?deadline=0.6")
+    loop = asyncio.get_running_loop()
+
+    async def timed(kv: object, seconds: float) -> tuple[str, float]:
+        start = loop.time()
+        try:
+            await within_deadline(kv, asyncio.sleep(seconds))  # type: ignore[arg-type]
+        except BackendUnavailableError:
+            return "unavailable", loop.time() - start
+        return "ok", loop.time() - start
+
+    results = await asyncio.gather(
+        timed(long, 5), timed(short, 5), timed(short, 0.01), timed(long, 0.05)
+    )
+    (a, ta), (b, tb), (c, _), (d, _) = results
+    assert (a, b, c, d) == ("unavailable", "unavailable", "ok", "ok")
+    # Never before the deadline; long before the 5 s call would end (generous: a loaded
+    # machine may run the timer late, but not by seconds).
+    assert 0.2 <= tb < 3 and 0.6 <= ta < 3
+    later, elapsed = await timed(short, 5)
+    assert later == "unavailable" and 0.2 <= elapsed < 3
+    await short.aclose()
+    await long.aclose()
+
+
+async def test_a_cancellation_from_outside_is_not_a_deadline() -> None:
+    kv = open_kv("memory://deadline-c?deadline=5")
+    task = asyncio.create_task(within_deadline(kv, asyncio.sleep(10)))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await kv.aclose()
+
+
+def test_the_watch_keeps_no_event_loop_alive() -> None:
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def one() -> None:
+        kv = open_kv("memory://deadline-d")
+        await kv.get("s", "k")
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await kv.aclose()
+
+    for _ in range(3):
+        asyncio.run(one())
+    gc.collect()
+    assert [ref() for ref in loops] == [None, None, None]
