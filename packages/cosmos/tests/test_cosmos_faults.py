@@ -276,16 +276,38 @@ async def test_every_fault_at_a_20_percent_rate(
         assert isinstance(exc, (*TYPED, MemoryConflictError)), repr(exc)
 
 
+#: Faults after which a request may have been applied (a reply lost, 408, 500, a broken
+#: connection): a create is not sent again after one (see ``test_a_create_is_never_applied_twice``).
+MAYBE_APPLIED_FAULTS = ("408", "500", "reset")
+
+
+async def create_through(
+    injector: CosmosFaultInjector, kv: KVStore, fault: str, scope: str, key: str, value: bytes
+) -> None:
+    """``kv.create`` with ``fault`` injected twice first: retried away, or, for a fault after
+    which the first attempt may have landed, reported unknown (it had not: the injector
+    answers before sending) and then created without faults."""
+    injector.arm(fault, times=2)
+    if fault not in MAYBE_APPLIED_FAULTS:
+        await kv.create(scope, key, value)
+        return
+    with pytest.raises(BackendUnavailableError, match="unknown"):
+        await kv.create(scope, key, value)
+    await kv.create(scope, key, value)
+
+
 async def test_transient_faults_are_retried_on_every_operation(
     injector: CosmosFaultInjector, faulty_kv: KVStore
 ) -> None:
-    """Each transient status, injected twice before each KV primitive, is retried away."""
+    """Each transient status, injected twice before each KV primitive, is retried away
+    (a create under a fault after which it may have been applied reads what is stored
+    instead, and says its outcome is unknown when it finds nothing)."""
     kv = faulty_kv
     scope = f"prims-{uuid.uuid4().hex[:8]}"
     for fault in ("429", "449", "408", "410", "500", "503", "reset"):
         key = f"k{fault}"
+        await create_through(injector, kv, fault, scope, key, b"1")
         calls: list[Callable[[], Awaitable[Any]]] = [
-            functools.partial(kv.create, scope, key, b"1"),
             functools.partial(kv.get, scope, key),
             functools.partial(kv.get_many, scope, [key]),
             functools.partial(kv.scan, scope),
@@ -299,8 +321,7 @@ async def test_transient_faults_are_retried_on_every_operation(
         version = await kv.replace(scope, key, b"2", expected_version=entry.version)
         injector.arm(fault, times=2)
         assert await kv.delete(scope, key, expected_version=version)
-        injector.arm(fault, times=2)
-        await kv.create(scope, key, b"3")
+        await create_through(injector, kv, fault, scope, key, b"3")
         injector.arm(fault, times=2)
         assert await kv.delete(scope, key)
         injector.arm(fault, times=2)
@@ -374,6 +395,47 @@ async def test_lost_reply_then_another_writer_is_unknown_not_a_conflict(
         await other.replace(scope, "k", b"theirs", expected_version=entry.version)
         with pytest.raises(BackendUnavailableError, match="unknown"):
             await task
+
+
+async def test_a_create_is_never_applied_twice(
+    injector: CosmosFaultInjector, faulty_kv: KVStore, cosmos_url: str
+) -> None:
+    """Our create is applied, its reply lost, and another client deletes the item before
+    the store looks: the store does not send the create again (it would land a second
+    time, bringing back what the other client deleted); it says the outcome is unknown,
+    and the item stays deleted. (Seen in the contract's linearizability run under faults.)"""
+    kv = faulty_kv
+    scope = f"twice-{uuid.uuid4().hex[:8]}"
+    other = open_kv(cosmos_url)
+    async with other:
+        original = injector.observe
+
+        def observe_then_delete(request: Any, item: Any, response: Any) -> None:
+            original(request, item, response)
+            if str(request.method) == "POST":
+                injector.observe = original  # type: ignore[method-assign]
+                applied.set()
+
+        applied = asyncio.Event()
+        injector.observe = observe_then_delete  # type: ignore[method-assign]
+        injector.arm("lost_reply", operation="write")
+        blocked = asyncio.Event()
+        read = CosmosKV._read_item
+
+        async def read_after_the_delete(self: CosmosKV, scope: str, key: str) -> Any:
+            await blocked.wait()
+            return await read(self, scope, key)
+
+        with pytest.MonkeyPatch.context() as patch:
+            # This client's reads only: the other client's delete reads first too.
+            patch.setattr(kv, "_read_item", functools.partial(read_after_the_delete, kv))
+            task = asyncio.ensure_future(kv.create(scope, "k", b"ours"))
+            await applied.wait()
+            assert await other.delete(scope, "k")
+            blocked.set()
+            with pytest.raises(BackendUnavailableError, match="unknown"):
+                await task
+        assert await other.get(scope, "k") is None
 
 
 async def test_stale_read_serves_the_previous_version(
@@ -516,13 +578,17 @@ async def test_blackhole_kv_call_fails_typed_within_the_deadline(cosmos_url: str
 async def test_blackhole_fault_is_survived_then_bounded(
     injector: CosmosFaultInjector, cosmos_url: str
 ) -> None:
-    """One injected blackhole: the request times out (?timeout=) and is retried; a peer
-    that stays silent: BackendUnavailableError within deadline + 1 s."""
+    """One injected blackhole: the request times out (?timeout=) and is retried (a read:
+    a create whose request may have been applied reads instead, see
+    ``test_a_create_is_never_applied_twice``); a peer that stays silent:
+    BackendUnavailableError within deadline + 1 s."""
     kv = await injector.open_kv(StoreURL.parse(_url(cosmos_url, timeout="1", deadline="3")))
     async with kv:
         await kv.setup()
+        version = await kv.create("bh", "k", b"v")
         injector.arm("blackhole")
-        await kv.create("bh", "k", b"v")
+        entry = await kv.get("bh", "k")
+        assert entry is not None and entry.version == version
         injector.arm("blackhole", times=100)
         started = time.monotonic()
         with pytest.raises(BackendUnavailableError):

@@ -141,6 +141,10 @@ class ContainerMissingError(ConfigError):
     """The database or container does not exist; ``agent-stores setup URL`` creates them."""
 
 
+class _MaybeApplied(Exception):
+    """A create's attempt failed after it may have been applied (its reply was lost)."""
+
+
 class _Outcome:
     """What a write's earlier attempts did: ``maybe_applied`` once a reply was lost."""
 
@@ -552,12 +556,16 @@ class CosmosKV(KVStore):
         send: Callable[[], Awaitable[T]],
         *,
         outcome: _Outcome | None = None,
+        resend_maybe_applied: bool = True,
     ) -> T:
         """Run one SDK request, retrying transient failures within the call's budget.
 
         Non-transient failures (404, 409, 412, 400, …) propagate unchanged for the caller
         to interpret. ``outcome`` (writes) records whether a failed attempt may have been
-        applied, so a conflict met by a re-send is not taken at face value.
+        applied, so a conflict met by a re-send is not taken at face value. With
+        ``resend_maybe_applied=False`` (a create, which no condition stops from landing
+        twice) an attempt that may have been applied is not sent again: :class:`_MaybeApplied`
+        is raised for the caller to find out from what is stored.
         """
         from azure.cosmos.exceptions import CosmosHttpResponseError
 
@@ -586,6 +594,8 @@ class CosmosKV(KVStore):
                     raise
                 if outcome is not None and self._maybe_applied(exc):
                     outcome.maybe_applied = True
+                    if not resend_maybe_applied:
+                        raise _MaybeApplied from exc
                 delay = self._delay(exc, attempt)
                 absent = None if self._answered else self._nothing_there(exc)
                 if absent is not None:
@@ -966,14 +976,20 @@ class CosmosKV(KVStore):
                     "create",
                     lambda: container.create_item(doc, response_hook=self.stats.hook),
                     outcome=outcome,
+                    # Re-sent after it landed and another client deleted the item, a
+                    # create would land a second time: look at what is stored instead.
+                    resend_maybe_applied=False,
                 )
                 return self._version(created)
-            except CosmosResourceExistsError:
+            except (CosmosResourceExistsError, _MaybeApplied):
                 pass
             except Exception as exc:
                 raise self._failure("create", exc) from exc
             existing = await self._read_item(scope, key)
             if existing is None:
+                if outcome.maybe_applied:
+                    # Never applied, or applied and deleted since: which is unknown.
+                    raise self._unknown("create", scope, key)
                 continue  # deleted since the 409: create again
             if existing.get("w") == doc["w"]:
                 return self._version(existing)  # our own earlier attempt: it was applied
