@@ -28,7 +28,7 @@ from pathlib import Path
 
 from agent_stores import KVStore, StoreURL, connect, open_kv
 from agent_stores.kv.counting import CountingKV
-from agent_stores.sessions import TransientStoreError
+from agent_stores.sessions import SessionBusyError, TransientStoreError
 from agent_stores_contract.request_counts import Meter
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
@@ -123,14 +123,20 @@ async def measure(target: Target, sessions: int, filled: int) -> tuple[dict[str,
         await kv.setup()
         semaphore = asyncio.Semaphore(4 if target.name in CLOUDS else 16)
 
+        # A turn whose release was lost keeps the session leased (30 s): a retry waits it out.
+        wait = 90.0 if target.name in CLOUDS else 10.0
+
         async def one(i: int) -> None:
             async with semaphore:
                 for attempt in range(5):
                     try:
-                        async with store.turn(f"s{i:05d}", owner=owner_of(i)) as s:
+                        async with store.turn(
+                            f"s{i:05d}", owner=owner_of(i), timeout_seconds=wait
+                        ) as s:
                             s.replace(exchange(i))
                         return
-                    except TransientStoreError:  # a slow emulator: retry, as a client would
+                    except (TransientStoreError, SessionBusyError):
+                        # A slow emulator: retry, as a client would.
                         if attempt == 4:
                             raise
                         await asyncio.sleep(1 + attempt)
