@@ -361,6 +361,22 @@ async def test_lost_replies_on_writes_are_recognised(
     assert await kv.get(scope, "k") is None
 
 
+def applied_once(injector: CosmosFaultInjector, method: str) -> asyncio.Event:
+    """An event set when the server has answered the next ``method`` request (whatever
+    the client is told next: a lost reply leaves it applied and unanswered)."""
+    original = injector.observe
+    applied = asyncio.Event()
+
+    def observe_then_signal(request: Any, item: Any, response: Any) -> None:
+        original(request, item, response)
+        if str(request.method) == method:
+            injector.observe = original  # type: ignore[method-assign]
+            applied.set()
+
+    injector.observe = observe_then_signal  # type: ignore[method-assign]
+    return applied
+
+
 async def test_lost_reply_then_another_writer_is_unknown_not_a_conflict(
     injector: CosmosFaultInjector,
     faulty_kv: KVStore,
@@ -377,16 +393,7 @@ async def test_lost_reply_then_another_writer_is_unknown_not_a_conflict(
     version = await kv.create(scope, "k", b"1")
     other = open_kv(cosmos_url)
     async with other:
-        original = injector.observe
-
-        def observe_then_overwrite(request: Any, item: Any, response: Any) -> None:
-            original(request, item, response)
-            if str(request.method) == "PUT":
-                injector.observe = original  # type: ignore[method-assign]
-                applied.set()
-
-        applied = asyncio.Event()
-        injector.observe = observe_then_overwrite  # type: ignore[method-assign]
+        applied = applied_once(injector, "PUT")
         injector.arm("lost_reply", operation="write")
         task = asyncio.ensure_future(kv.replace(scope, "k", b"ours", expected_version=version))
         await applied.wait()
@@ -408,16 +415,7 @@ async def test_a_create_is_never_applied_twice(
     scope = f"twice-{uuid.uuid4().hex[:8]}"
     other = open_kv(cosmos_url)
     async with other:
-        original = injector.observe
-
-        def observe_then_delete(request: Any, item: Any, response: Any) -> None:
-            original(request, item, response)
-            if str(request.method) == "POST":
-                injector.observe = original  # type: ignore[method-assign]
-                applied.set()
-
-        applied = asyncio.Event()
-        injector.observe = observe_then_delete  # type: ignore[method-assign]
+        applied = applied_once(injector, "POST")
         injector.arm("lost_reply", operation="write")
         blocked = asyncio.Event()
         read = CosmosKV._read_item

@@ -21,7 +21,6 @@ reads them first and is refused with :class:`SubjectErasingError`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any, Literal
 
 from .errors import AppError, ConflictError, ErrorCode, InvalidIdError
 from .kv.base import KVStore
+from .memory._records import digest
 
 #: The default prefix of the per-subject scopes.
 DEFAULT_SUBJECT_PREFIX = "subject:"
@@ -67,20 +67,35 @@ class SubjectEntry:
 
     @property
     def key(self) -> str:
-        return _KIND_PREFIX[self.kind] + _digest(f"{self.store}\x00{self.ref}")
+        return _KIND_PREFIX[self.kind] + digest(f"{self.store}\x00{self.ref}")
 
     def dump(self) -> bytes:
         return json.dumps({"store": self.store, "ref": self.ref}).encode()
 
 
+def subject_problem(value: object, noun: str = "subject") -> str | None:
+    """What is wrong with ``value`` as a subject (or session owner) id, or None.
+
+    ``noun`` names it in the message: "subject", or "owner" for the session catalog.
+    """
+    article = "an" if noun[0] in "aeiou" else "a"
+    if not isinstance(value, str):
+        return f"{article} {noun} must be a string, got {type(value).__name__}"
+    if not value or "\x00" in value:
+        return f"{article} {noun} must be a non-empty string without NUL characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{noun} {value[:80]!r} is not valid Unicode"
+    return None
+
+
 def check_subject(subject: object) -> str:
     """``subject`` if it is an id a subject scope can be named by; ``InvalidIdError`` if not."""
-    if not isinstance(subject, str) or not subject or "\x00" in subject:
-        raise InvalidIdError(detail="a subject must be a non-empty string without NUL characters")
-    try:
-        subject.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidIdError(detail=f"subject {subject[:80]!r} is not valid Unicode") from None
+    problem = subject_problem(subject)
+    if problem is not None:
+        raise InvalidIdError(detail=problem)
+    assert isinstance(subject, str)
     return subject
 
 
@@ -224,10 +239,6 @@ class SubjectIndex:
         async for item in self.kv.iter_scan(scope, page_size=500, values=False):
             left += not item.key.startswith("~")
         return left
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _parse(kind: EntryKind, value: bytes) -> SubjectEntry | None:

@@ -1012,7 +1012,8 @@ class FirestoreKV(KVStore):
     async def _commit_across(
         self, scopes: list[str], ops: list[Operation], now: float
     ) -> list[str | None]:
-        """Commit ``ops[i]`` on ``scopes[i]`` all-or-nothing (``_Ensure`` ones last)."""
+        """Commit ``ops[i]`` on ``scopes[i]`` all-or-nothing (``_Ensure`` ones last, with no
+        version in the result when left as they were)."""
         if len(ops) > MAX_BATCH_WRITES:
             raise UnsupportedError(
                 detail=f"firestore commits at most {MAX_BATCH_WRITES} operations at once"
@@ -1071,13 +1072,14 @@ class FirestoreKV(KVStore):
                     raise self._outcome_unknown("commit", scopes[0], ops[0].key) from None
                 state = await self._read_all(refs)
                 continue
-            # Skipped ``_Ensure`` documents come last: the first results are the ops'.
+            # Skipped ``_Ensure`` documents come last: the results are the ops' first
+            # (``transact`` keeps only those of its operations).
             return [
                 render_version(result.update_time, nonces[i], expiries[i])
                 if isinstance(ops[i], Create | Replace)
                 else None
                 for i, result in enumerate(results)
-            ] + [None] * (len(ops) - len(results))
+            ]
         raise ConflictError("keys kept changing during commit", scope=scopes[0])
 
     async def _read_all(self, refs: list[AsyncDocumentReference]) -> list[DocumentSnapshot]:

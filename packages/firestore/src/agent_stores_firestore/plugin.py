@@ -16,7 +16,7 @@ interceptor) and ``proxied_url`` (an emulator URL through a TCP proxy).
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from agent_stores.backend import RegisterBackend, hookimpl
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
         StoreURL,
         VectorPort,
     )
+
+    from .kv import FirestoreKV
 
 FACTORY = "agent_stores_firestore.kv:FirestoreKV.from_url"
 
@@ -57,11 +59,17 @@ def kv_from_client(client: Any, options: dict[str, Any]) -> KVStore | None:
     return FirestoreKV.from_client(client, **options)
 
 
+def _is_firestore(kv: KVStore) -> TypeGuard[FirestoreKV]:
+    """Whether ``kv`` is a Firestore store (never imports the store's module: one exists
+    only once that module was imported)."""
+    kv_module = sys.modules.get("agent_stores_firestore.kv")
+    return kv_module is not None and isinstance(kv, kv_module.FirestoreKV)
+
+
 @hookimpl
 def journal_port(kv: KVStore) -> JournalPort | None:
     """Counter and entry of an append in one Commit (the core's commit port)."""
-    kv_module = sys.modules.get("agent_stores_firestore.kv")
-    if kv_module is None or not isinstance(kv, kv_module.FirestoreKV):
+    if not _is_firestore(kv):
         return None
     from agent_stores.backend import CommitJournalPort
 
@@ -71,8 +79,7 @@ def journal_port(kv: KVStore) -> JournalPort | None:
 @hookimpl
 def memory_port(kv: KVStore) -> MemoryPort | None:
     """Record, receipt index entry and markers of a memory write in one Commit."""
-    kv_module = sys.modules.get("agent_stores_firestore.kv")
-    if kv_module is None or not isinstance(kv, kv_module.FirestoreKV):
+    if not _is_firestore(kv):
         return None
     from agent_stores.backend import TransactMemoryPort
 
@@ -82,8 +89,7 @@ def memory_port(kv: KVStore) -> MemoryPort | None:
 @hookimpl
 def vector_port(kv: KVStore) -> VectorPort | None:
     """The native vector port (``find_nearest``, exact reads for small scopes)."""
-    kv_module = sys.modules.get("agent_stores_firestore.kv")
-    if kv_module is None or not isinstance(kv, kv_module.FirestoreKV):
+    if not _is_firestore(kv):
         return None
     from .vectors import FirestoreVectorPort
 

@@ -410,7 +410,8 @@ class KVMemoryStore(KVBackedStore):
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
         loc = self._locate(path)
-        await self._admit(path)
+        if self._subject_of is not None:
+            await self._admit(path)
         mutation = await self._mutate(
             loc, _Request(content, encoded, expected_version, operation, delete=False)
         )
@@ -433,7 +434,8 @@ class KVMemoryStore(KVBackedStore):
         with ``expected_version=None`` succeeds with ``existed=False``."""
         validate_store_path(path)
         loc = self._locate(path)
-        await self._admit(path)
+        if self._subject_of is not None:
+            await self._admit(path)
         mutation = await self._mutate(
             loc, _Request(None, None, expected_version, operation, delete=True)
         )
@@ -515,8 +517,10 @@ class KVMemoryStore(KVBackedStore):
         directories = [d async for d in self._directories(directory)]
         scopes = [self._scope(d) for d in reversed(directories)]
         vector_port = self.kv.ports.vector
+        if vector_port is not None and await vector_port.unavailable() is not None:
+            vector_port = None
         for scope in scopes:
-            if vector_port is not None and await vector_port.unavailable() is None:
+            if vector_port is not None:
                 await vector_port.drop_scope(scope)
             await self.kv.drop_scope(scope)
         parent, _, name = directory.rpartition("/")
@@ -1908,19 +1912,24 @@ def _written_at(record: FileRecord) -> float | None:
     did) its chunk token or newest receipt; None when nothing tells."""
     if record.written_at is not None:
         return float(record.written_at)
-    if record.token:
-        try:
-            return float(int(record.token.partition("-")[0], 16))
-        except ValueError:
-            pass
+    made = _token_time(record.token) if record.token else None
+    if made is not None:
+        return made
     return max((r.at for r in record.receipts), default=None)
 
 
-def _token_age(token: str, now: float) -> float:
+def _token_time(token: str) -> float | None:
+    """When the chunk set named ``token`` was staged (see ``_stage``); None: not a token
+    this store writes."""
     try:
-        return now - int(token.partition("-")[0], 16)
+        return float(int(token.partition("-")[0], 16))
     except ValueError:
-        return float("inf")  # not a token this store writes: never referenced
+        return None
+
+
+def _token_age(token: str, now: float) -> float:
+    made = _token_time(token)
+    return float("inf") if made is None else now - made  # inf: never referenced
 
 
 def _reused(operation: MemoryOperation) -> MemoryOperationConflictError:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..subjects import subject_problem
 from .errors import InvalidSessionError
 
 if TYPE_CHECKING:
@@ -198,15 +199,11 @@ class CatalogUpdate:
 
 
 def check_owner_text(owner: object) -> None:
-    """Raise ``InvalidSessionError`` for an owner id no backend could hold."""
-    if not isinstance(owner, str):
-        raise InvalidSessionError(f"an owner must be a string, got {type(owner).__name__}")
-    if not owner or "\x00" in owner:
-        raise InvalidSessionError("an owner must be a non-empty string without NUL characters")
-    try:
-        owner.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidSessionError(f"owner {owner[:80]!r} is not valid Unicode") from None
+    """Raise ``InvalidSessionError`` for an owner id no backend could hold (an owner is a
+    subject: the same rules)."""
+    problem = subject_problem(owner, "owner")
+    if problem is not None:
+        raise InvalidSessionError(problem)
 
 
 def check_prefixes(scope_prefix: str, catalog_prefix: str) -> None:
