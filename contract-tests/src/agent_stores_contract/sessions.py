@@ -80,6 +80,7 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, RunCont
 
 from .base import REAL_TIME_LIMIT_SECONDS, KVFactory, require_capability, wait_until
 from .catalog import CatalogBehaviours
+from .forks import ForkBehaviours
 from .session_workers import one_call_model, pair, prompts_model, texts
 from .subjects import SubjectBehaviours
 
@@ -212,7 +213,7 @@ def history(count: int, pad: int = 400, prefix: str = "m") -> list[ModelMessage]
     return [m for i in range(count // 2) for m in pair(f"{prefix}{i}", pad)]
 
 
-class SessionContract(CatalogBehaviours, SubjectBehaviours):
+class SessionContract(CatalogBehaviours, SubjectBehaviours, ForkBehaviours):
     """The session-store contract. Subclass it and provide ``store_url`` or ``kv_factory``."""
 
     pytestmark = pytest.mark.asyncio

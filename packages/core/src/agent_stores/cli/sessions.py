@@ -1,7 +1,9 @@
-"""``agent-stores sessions URL list | show ID | reset ID | erase-owner OWNER | clear-recovery ID``."""
+"""``agent-stores sessions URL list | show ID | reset ID | erase-owner OWNER | clear-recovery ID
+| fork SOURCE NEW | rewind ID TURN | branches ID | restore ID BRANCH``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -55,6 +57,8 @@ def _as_dict(info: SessionInfo) -> dict[str, Any]:
         "owner": info.owner,
         "title": info.title,
         "tags": list(info.tags),
+        "forked_from": info.forked_from,
+        "fork_point": info.fork_point,
     }
 
 
@@ -220,6 +224,8 @@ async def show(target: Target, session_id: str, show_messages: bool, as_json: bo
         f"messages     {info.message_count} ({info.stored_bytes} bytes, {info.chunk_count} chunks)"
     )
     click.echo(f"lease        {_lease(info, now)}; fence {info.fence}")
+    if info.forked_from is not None:
+        click.echo(f"forked from  {info.forked_from} (its first {info.fork_point} messages)")
     click.echo(f"updated      {_when(info.updated_at)}; expires {_when(info.expires_at)}")
     if info.pending_effects:
         click.echo(
@@ -320,3 +326,100 @@ async def clear_recovery(target: Target, session_id: str) -> None:
         click.echo(f"cleared the recovery marker of {session_id} (was pending: {calls})")
     else:
         click.echo(f"session {session_id!r} had no recovery marker")
+
+
+@sessions.command("fork")
+@click.argument("source_id")
+@click.argument("new_id")
+@click.option(
+    "--at-turn",
+    type=click.IntRange(0),
+    default=None,
+    help="Take the source's first N turns [all of its committed history].",
+)
+@click.option("--owner", default=None, help="The new session's owner [the source's].")
+@click.option("--title", default=None, help="The new session's title [the source's].")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+@run_async
+async def fork(
+    target: Target,
+    source_id: str,
+    new_id: str,
+    at_turn: int | None,
+    owner: str | None,
+    title: str | None,
+    as_json: bool,
+) -> None:
+    """Create NEW_ID with SOURCE_ID's history (copy-on-write: no history is copied).
+
+    Another owner than the source's gets a copy of every chunk instead.
+    """
+    async with _open(target) as store:
+        report = await store.fork(source_id, new_id, at_turn=at_turn, owner=owner, title=title)
+    if as_json:
+        click.echo(json.dumps(dataclasses.asdict(report), indent=2))
+        return
+    how = (
+        "copied (another owner)"
+        if report.copied
+        else f"{report.shared_chunks} history chunks shared"
+    )
+    click.echo(
+        f"forked {source_id} into {new_id}: {report.message_count} messages, {how}, "
+        f"{report.bytes_written} bytes written"
+    )
+
+
+@sessions.command("rewind")
+@click.argument("session_id")
+@click.argument("turn", type=click.IntRange(0))
+@click.option("--timeout", "timeout_seconds", default=5.0, show_default=True, type=float)
+@click.pass_obj
+@run_async
+async def rewind(target: Target, session_id: str, turn: int, timeout_seconds: float) -> None:
+    """Move SESSION_ID back to its first TURN turns; what it held is kept as a branch."""
+    async with _open(target) as store:
+        branch = await store.rewind(session_id, turn, timeout_seconds=timeout_seconds)
+    click.echo(
+        f"rewound {session_id} to turn {turn}; the {branch.message_count} messages it held "
+        f"are branch {branch.branch_id} (restore it with: restore {session_id} "
+        f"{branch.branch_id})"
+    )
+
+
+@sessions.command("branches")
+@click.argument("session_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+@run_async
+async def branches(target: Target, session_id: str, as_json: bool) -> None:
+    """List the histories rewinds and restores of SESSION_ID set aside, oldest first."""
+    async with _open(target) as store:
+        found = await store.branches(session_id)
+    for branch in found:
+        if as_json:
+            click.echo(json.dumps(dataclasses.asdict(branch)))
+        else:
+            click.echo(
+                f"{branch.branch_id}  {_when(branch.created_at)}  "
+                f"{branch.message_count} messages  ({branch.reason})"
+            )
+    if not found and not as_json:
+        click.echo(f"session {session_id!r} has no branches")
+
+
+@sessions.command("restore")
+@click.argument("session_id")
+@click.argument("branch_id")
+@click.option("--timeout", "timeout_seconds", default=5.0, show_default=True, type=float)
+@click.pass_obj
+@run_async
+async def restore(target: Target, session_id: str, branch_id: str, timeout_seconds: float) -> None:
+    """Make branch BRANCH_ID the history of SESSION_ID again (the current one becomes a branch)."""
+    async with _open(target) as store:
+        kept = await store.restore(session_id, branch_id, timeout_seconds=timeout_seconds)
+    click.echo(
+        f"restored branch {branch_id} of {session_id}; the {kept.message_count} messages it "
+        f"replaced are branch {kept.branch_id}"
+    )

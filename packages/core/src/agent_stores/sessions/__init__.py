@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from .catalog import IdlePurge, OwnerErasure, SessionPage, SessionSummary
 from .errors import (
+    BranchNotFoundError,
     EffectCall,
     InvalidSessionError,
     LeaseLostError,
@@ -57,9 +58,13 @@ from .errors import (
     RecoveryRequiredError,
     SessionBusyError,
     SessionError,
+    SessionExistsError,
+    SessionNotFoundError,
     SessionStoreError,
     TransientStoreError,
+    TurnOutOfRangeError,
 )
+from .forks import BranchInfo, ForkReport
 from .info import SessionInfo
 from .port import KVSessionPort, SessionPort
 from .store import Session, SessionStore, Turn
@@ -68,7 +73,10 @@ from .store import Session, SessionStore, Turn
 # ``agent_stores.backend``; ``SessionPort`` and ``KVSessionPort`` are here too because
 # ``SessionStore(kv, port=...)`` takes one.
 __all__ = [
+    "BranchInfo",
+    "BranchNotFoundError",
     "EffectCall",
+    "ForkReport",
     "IdlePurge",
     "InvalidSessionError",
     "KVSessionPort",
@@ -79,7 +87,9 @@ __all__ = [
     "Session",
     "SessionBusyError",
     "SessionError",
+    "SessionExistsError",
     "SessionInfo",
+    "SessionNotFoundError",
     "SessionPage",
     "SessionPort",
     "SessionStore",
@@ -87,4 +97,5 @@ __all__ = [
     "SessionSummary",
     "TransientStoreError",
     "Turn",
+    "TurnOutOfRangeError",
 ]

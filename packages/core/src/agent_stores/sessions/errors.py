@@ -95,3 +95,20 @@ class TransientStoreError(SessionStoreError):
     """
 
     default_code = ErrorCode.SESSION_STORE_UNAVAILABLE
+
+
+class SessionNotFoundError(InvalidSessionError, LookupError):
+    """The session does not exist (``SESSION_INVALID``): nothing to fork, rewind or restore."""
+
+
+class SessionExistsError(InvalidSessionError):
+    """A fork's new session id is taken (``SESSION_INVALID``): a fork never overwrites a session."""
+
+
+class BranchNotFoundError(InvalidSessionError, LookupError):
+    """The session has no branch of that id (``SESSION_INVALID``): see ``branches()``."""
+
+
+class TurnOutOfRangeError(InvalidSessionError):
+    """A fork or rewind point past the end of the history, or not a turn number
+    (``SESSION_INVALID``; a ``ValueError``)."""

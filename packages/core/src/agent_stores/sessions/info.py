@@ -41,6 +41,10 @@ class SessionInfo:
     """The subject the session belongs to (``turn(..., owner=...)``), if set."""
     title: str | None = None
     tags: tuple[str, ...] = ()
+    forked_from: str | None = None
+    """The session this one was forked from (``SessionStore.fork``), if it was."""
+    fork_point: int | None = None
+    """How many of the source's messages the fork started with."""
 
     @property
     def recovery_required(self) -> bool:

@@ -86,6 +86,9 @@ class ChunkRef:
     level: int
     sealed: bool = False
     expires_at: float | None = None
+    #: the KV scope holding the chunk when it is not the session's own: a chunk shared
+    #: with the session this one was forked from (``forks.py``); None: the session's scope
+    home: str | None = None
 
     def part_keys(self) -> list[str]:
         """The KV keys holding this chunk's bytes, in order."""
@@ -109,6 +112,12 @@ class StateHeader:
     extra: dict[str, Any] = field(default_factory=dict)
     #: owner, title, tags, metadata and index bookkeeping (``catalog.py``); None: never set
     catalog: dict[str, Any] | None = None
+    #: where a forked session came from: ``{"source", "count", "turn", "at"}`` (``forks.py``)
+    lineage: dict[str, Any] | None = None
+    #: written by a checkpoint inside a turn: ``{"fence", "count"}``, the lease's fence and
+    #: the message count when that turn began (None: not an extension of it), so a fork
+    #: taken while the turn runs reads the history as it was before it (never half a turn)
+    open_turn: dict[str, Any] | None = None
 
     @property
     def message_count(self) -> int:
@@ -148,6 +157,8 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
         else {"by": header.released_by, "at": header.released_at},
         "chunks": [
             [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at]
+            if c.home is None
+            else [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at, c.home]
             for c in header.chunks
         ],
         "tail_count": header.tail_count,
@@ -158,6 +169,10 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
     }
     if header.catalog is not None:
         doc["catalog"] = header.catalog
+    if header.lineage is not None:
+        doc["lineage"] = header.lineage
+    if header.open_turn is not None:
+        doc["open_turn"] = header.open_turn
     if header.extra:
         doc["extra"] = header.extra
     head = _COMPACT.encode(doc).encode()
@@ -180,6 +195,8 @@ class _KeptFields:
     created_at: float
     extra: dict[str, Any]
     catalog: dict[str, Any] | None
+    lineage: dict[str, Any] | None
+    open_turn: dict[str, Any] | None
 
 
 # The kept part of the headers this process encoded lately, already decoded: the next
@@ -213,6 +230,8 @@ def _remember_kept(head: bytes, header: StateHeader) -> None:
         float(header.created_at),
         dict(header.extra),
         header.catalog,
+        header.lineage,
+        header.open_turn,
     )
 
 
@@ -246,6 +265,8 @@ def _decode_known_header(head: bytes) -> StateHeader | None:
             released_at=None if released is None else _num(released["at"]),
             extra=dict(kept.extra),
             catalog=kept.catalog,
+            lineage=kept.lineage,
+            open_turn=kept.open_turn,
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -287,6 +308,8 @@ def _decode_header(head: bytes) -> StateHeader:
             released_at=None if released is None else _num(released["at"]),
             extra=doc.get("extra") or {},
             catalog=check_catalog(doc.get("catalog")),
+            lineage=_opt_dict(doc.get("lineage")),
+            open_turn=_opt_dict(doc.get("open_turn")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"the state header is malformed ({type(exc).__name__}: {exc})") from None
@@ -324,7 +347,9 @@ def _check_tail(header: StateHeader, tail: bytes) -> None:
 
 
 def _chunk(item: Any) -> ChunkRef:
-    key, count, size, parts, level, sealed, expires_at = _list(item)
+    fields = list(_list(item))
+    home = _str(fields.pop()) if len(fields) == 8 else None
+    key, count, size, parts, level, sealed, expires_at = fields
     key = _str(key)
     if not key.startswith(CHUNK_PREFIX):
         raise ValueError(f"chunk key {key!r} outside {CHUNK_PREFIX}")
@@ -336,6 +361,7 @@ def _chunk(item: Any) -> ChunkRef:
         level=_int(level),
         sealed=bool(sealed),
         expires_at=_opt_num(expires_at),
+        home=home,
     )
 
 
@@ -363,6 +389,12 @@ def _num(v: Any) -> float:
 
 def _opt_num(v: Any) -> float | None:
     return None if v is None else _num(v)
+
+
+def _opt_dict(v: Any) -> dict[str, Any] | None:
+    if v is not None and not isinstance(v, dict):
+        raise TypeError(f"expected an object, got {type(v).__name__}")
+    return v
 
 
 def _list(v: Any) -> list[Any]:

@@ -66,13 +66,37 @@ from .catalog import (
 )
 from .catalog_index import CatalogIndex
 from .errors import (
+    BranchNotFoundError,
     EffectCall,
     InvalidSessionError,
     LeaseLostError,
     OwnerErasingError,
     RecoveryRequiredError,
+    SessionBusyError,
+    SessionExistsError,
+    SessionNotFoundError,
     SessionStoreError,
     TransientStoreError,
+)
+from .forks import (
+    BRANCH_PREFIX,
+    PIN_PREFIX,
+    REF_PREFIX,
+    BranchInfo,
+    ForkReport,
+    branch_id_of,
+    cut_at_turn,
+    decode_branch,
+    decode_pin,
+    encode_branch,
+    encode_pin,
+    foreign_needs,
+    lineage_doc,
+    new_branch_key,
+    pin_key,
+    protected_keys,
+    refs_by_home,
+    rehomed,
 )
 from .info import SessionInfo
 from .port import (
@@ -114,6 +138,9 @@ T = TypeVar("T")
 
 #: Passes of ``erase_owner`` over the owner's index (each finds what turns added meanwhile).
 _ERASE_PASSES = 5
+
+#: Tries of a fork whose source keeps dropping the chunks it pinned (turns merging them).
+_FORK_ATTEMPTS = 8
 
 #: Errors after which the same operation may succeed if retried.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OSError)
@@ -441,7 +468,7 @@ class KVSessionStorage:
         """
         stored: list[ModelMessage] = []
         for ref in chunks:
-            cached = self.cache.get(scope, ref.key)
+            cached = self.cache.get(ref.home or scope, ref.key)
             if cached is None:
                 # Not cached (evicted, or larger than the cache): the caller's objects
                 # are the best we have; an in-place edit of them would go unnoticed.
@@ -476,11 +503,10 @@ class KVSessionStorage:
         for pause in _MISSING_CHUNK_PAUSES:
             if not missing:
                 return out
-            keys = [k for r in missing for k in r.part_keys()]
-            found: dict[str, Entry] = await self._call(session_id, self.kv.get_many(scope, keys))
+            found = await self._read_parts(session_id, scope, missing)
             absent: list[ChunkRef] = []
             for ref in missing:
-                pieces = [found.get(k) for k in ref.part_keys()]
+                pieces = [found.get((ref.home or scope, k)) for k in ref.part_keys()]
                 if any(p is None for p in pieces):
                     absent.append(ref)
                 else:
@@ -492,6 +518,20 @@ class KVSessionStorage:
                 await asyncio.sleep(pause)
         return out
 
+    async def _read_parts(
+        self, session_id: str, scope: str, refs: Sequence[ChunkRef]
+    ) -> dict[tuple[str, str], Entry]:
+        """The stored parts of ``refs`` by (scope, key): one ``get_many`` per scope holding
+        some (a fork's shared chunks live in the scope of the session they came from)."""
+        by_home: dict[str, list[str]] = {}
+        for ref in refs:
+            by_home.setdefault(ref.home or scope, []).extend(ref.part_keys())
+        homes = list(by_home)
+        reads = await asyncio.gather(
+            *(self._call(session_id, self.kv.get_many(h, by_home[h])) for h in homes)
+        )
+        return {(h, k): e for h, got in zip(homes, reads, strict=True) for k, e in got.items()}
+
     def _held_chunks(
         self, scope: str, refs: Sequence[ChunkRef]
     ) -> tuple[dict[str, bytes | CachedChunk], list[ChunkRef]]:
@@ -500,7 +540,7 @@ class KVSessionStorage:
         held: dict[str, bytes | CachedChunk] = {}
         missing: list[ChunkRef] = []
         for ref in refs:
-            cached = self.cache.get(scope, ref.key)
+            cached = self.cache.get(ref.home or scope, ref.key)
             if cached is None:
                 missing.append(ref)
             else:
@@ -530,7 +570,7 @@ class KVSessionStorage:
                             f"chunk {ref.key} holds {len(raw)} bytes, the state says {ref.size}"
                         )
                     cached = CachedChunk(raw, tuple(decode_messages(raw, ref.count)))
-                    self.cache.put(scope, ref.key, cached)
+                    self.cache.put(ref.home or scope, ref.key, cached)
                 messages.extend(cached.messages)
             messages.extend(decode_messages(tail, header.tail_count))
         except RecordError as exc:
@@ -538,7 +578,7 @@ class KVSessionStorage:
         return messages
 
     async def _chunk_raw(self, session_id: str, scope: str, ref: ChunkRef) -> bytes:
-        cached = self.cache.get(scope, ref.key)
+        cached = self.cache.get(ref.home or scope, ref.key)
         if cached is not None:
             return cached.raw
         try:
@@ -561,7 +601,7 @@ class KVSessionStorage:
                 out.chunks.append(ref)
                 continue
             raw = await self._chunk_raw(session_id, scope, ref)
-            cached = self.cache.get(scope, ref.key)
+            cached = self.cache.get(ref.home or scope, ref.key)
             # The copy is cached under its new key, so an acquire reading the chunks in the
             # same round trip as the save that creates the copy never has to fetch it.
             try:
@@ -716,14 +756,161 @@ class KVSessionStorage:
             planned[-f:] = [merged]
 
     def _discard_later(self, session_id: str, scope: str, refs: Sequence[ChunkRef]) -> None:
-        """Delete unreferenced chunks in the background; their TTL collects them if this fails."""
-        if not refs:
-            return
-        for ref in refs:
-            self.cache.discard(scope, ref.key)
+        """In the background, let go of chunks the session's state no longer references:
+        its own are deleted unless a branch or another session's pin names them, its
+        shared ones lose this session's pin (``forks.py``). TTLs collect what this misses."""
+        if refs:
+            self._spawn(self.let_go(session_id, scope, refs))
 
-        self._spawn(
-            asyncio.gather(*(self.kv.delete(scope, k) for r in refs for k in r.part_keys()))
+    async def let_go(
+        self, session_id: str, scope: str, refs: Sequence[ChunkRef], *, state_gone: bool = False
+    ) -> None:
+        """Let go of ``refs``, which the state of ``scope`` no longer references (or which
+        ``state_gone``: the session was deleted) — called after that write landed."""
+        own = [r for r in refs if r.home is None or r.home == scope]
+        homes = {r.home for r in refs if r.home is not None and r.home != scope}
+        if own:
+            await self._collect(session_id, scope, own, check_state=state_gone)
+        if homes:
+            await self._update_pins(session_id, scope, homes, refs)
+
+    async def _ref_records(
+        self, session_id: str, scope: str, prefix: str
+    ) -> list[tuple[str, bytes]]:
+        """The branches and pins (``r/…``) under ``prefix`` of a scope, every page."""
+
+        async def walk() -> list[tuple[str, bytes]]:
+            return [
+                (item.key, item.entry.value)
+                async for item in self.kv.iter_scan(scope, prefix=prefix, page_size=200)
+                if item.entry is not None
+            ]
+
+        return await self._call(session_id, walk())
+
+    async def _collect(
+        self, session_id: str, scope: str, refs: Sequence[ChunkRef], *, check_state: bool
+    ) -> None:
+        """Delete the chunks of ``refs`` (held in ``scope``) that nothing there names any
+        more: no branch, no pin and (``check_state``) not the scope's state.
+
+        Read in this order — records, then state — because a restore writes its new branch,
+        then the state, then deletes the branch it restored: whichever moment this lands
+        on, one of the reads sees the chunks it brings back.
+        """
+        protected = protected_keys(scope, await self._ref_records(session_id, scope, REF_PREFIX))
+        if check_state:
+            entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+            if entry is not None:
+                try:
+                    header, _ = decode_state(entry.value)
+                except RecordError:
+                    return  # damaged: touch nothing
+                protected.update(r.key for r in header.chunks if r.home is None)
+        doomed = [r for r in refs if r.key not in protected]
+        for ref in doomed:
+            self.cache.discard(scope, ref.key)
+        await asyncio.gather(
+            *(
+                self._call(session_id, self.kv.delete(scope, k))
+                for r in doomed
+                for k in r.part_keys()
+            )
+        )
+
+    async def _update_pins(
+        self, session_id: str, scope: str, homes: set[str], refs: Sequence[ChunkRef]
+    ) -> None:
+        """Shrink the pins the session at ``scope`` keeps in ``homes`` to what its state and
+        branches still reference, then collect what no one names any more in each home.
+
+        Branches are read before the state for the same reason as in :meth:`_collect`.
+        """
+        branches: list[StateHeader] = []
+        for key, value in await self._ref_records(session_id, scope, BRANCH_PREFIX):
+            try:
+                branches.append(decode_branch(branch_id_of(key), value)[1])
+            except RecordError:
+                return  # a branch we cannot read may need them: keep every pin
+        entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+        header: StateHeader | None = None
+        if entry is not None:
+            try:
+                header, _ = decode_state(entry.value)
+            except RecordError:
+                return
+        needs = foreign_needs(scope, header, branches)
+        by_key = {r.key: r for r in refs}
+        for home in sorted(homes):
+            dropped = await self._set_pin(session_id, home, scope, needs.get(home, set()))
+            if dropped:
+                await self._collect(
+                    session_id,
+                    home,
+                    [by_key[k] for k in sorted(dropped) if k in by_key],
+                    check_state=True,
+                )
+
+    async def _set_pin(
+        self,
+        session_id: str,
+        home: str,
+        pinner: str,
+        keys: set[str],
+        *,
+        grow: bool = False,
+        expires_at: float | None = None,
+    ) -> set[str]:
+        """Make the pin of ``pinner`` in ``home`` name ``keys`` (``grow``: its keys and
+        ``keys``); returns the keys it named before and no longer does."""
+        key = pin_key(pinner)
+        for _ in range(8):
+            entry = await self._call(session_id, self.kv.get(home, key))
+            old: frozenset[str] = frozenset()
+            if entry is not None:
+                try:
+                    old = decode_pin(entry.value)[1]
+                except RecordError:
+                    old = frozenset()
+            want = set(keys) | (set(old) if grow else set())
+            if entry is not None and want == old:
+                return set()
+            now = self.clock()
+            end: float | None
+            if (entry is not None and entry.expires_at is None) or (grow and expires_at is None):
+                end = None  # some of the chunks never expire
+            else:
+                stored_end = None if entry is None else entry.expires_at
+                ends = [x for x in (expires_at, stored_end) if x is not None]
+                end = max(ends) if ends else None
+            ttl = None if end is None else max(end - now, 1.0)
+            try:
+                if not want:
+                    if entry is not None:
+                        await self._call(
+                            session_id, self.kv.delete(home, key, expected_version=entry.version)
+                        )
+                elif entry is None:
+                    await self._call(
+                        session_id, self.kv.create(home, key, encode_pin(pinner, want), ttl=ttl)
+                    )
+                else:
+                    await self._call(
+                        session_id,
+                        self.kv.replace(
+                            home,
+                            key,
+                            encode_pin(pinner, want),
+                            expected_version=entry.version,
+                            ttl=ttl,
+                        ),
+                    )
+            except ConflictError:
+                continue
+            return set(old) - want
+        raise SessionStoreError(
+            f"session {session_id!r}: its pin in {home!r} changed too often to be written",
+            session_id=session_id,
         )
 
     def _discard_unreferenced(self, session_id: str, scope: str, refs: Sequence[ChunkRef]) -> None:
@@ -1278,16 +1465,19 @@ class KVSessionStorage:
         *,
         release: bool,
         catalog: CatalogUpdate | None = None,
+        plan: _Plan | None = None,
     ) -> None:
         if handle.lost:
             raise self._lost(handle)
         now = self.clock()
         header = handle.header
-        plan = (
-            _Plan(list(header.chunks), handle.tail, header.tail_count)
-            if messages is None
-            else await self._plan_history(handle, messages, now)
-        )
+        open_turn = None if release else self._open_turn(handle, messages)
+        if plan is None:
+            plan = (
+                _Plan(list(header.chunks), handle.tail, header.tail_count)
+                if messages is None
+                else await self._plan_history(handle, messages, now)
+            )
         recovery, since = header.recovery, header.recovery_since
         if recovery and messages is not None and effect_calls_succeeded(recovery, messages):
             recovery, since = (), None
@@ -1299,6 +1489,7 @@ class KVSessionStorage:
         new_header = replace(
             header,
             catalog=new_catalog,
+            open_turn=open_turn,
             lease=None if release else self._new_lease(handle, now),
             chunks=tuple(plan.chunks),
             tail_count=plan.tail_count,
@@ -1316,6 +1507,23 @@ class KVSessionStorage:
         handle.pending_effects = recovery
         if not release:
             handle.lease_expires_at = now + self.lease_seconds
+
+    def _open_turn(
+        self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None
+    ) -> dict[str, Any] | None:
+        """The ``open_turn`` field of a write that keeps the lease: how many messages the
+        history had when this turn began, while what it saves still starts with them."""
+        marked = handle.header.open_turn
+        if marked is not None and marked.get("fence") != handle.fence:
+            marked = None  # left by an earlier turn
+        if marked is None:
+            marked = {"fence": handle.fence, "count": handle.header.message_count}
+        count = marked.get("count")
+        if messages is None or count is None:
+            return marked
+        if len(messages) >= count and is_extension(messages[:count], handle.messages[:count]):
+            return marked
+        return {"fence": handle.fence, "count": None}
 
     async def _next_catalog(
         self,
@@ -1409,7 +1617,7 @@ class KVSessionStorage:
         if not deleted:
             handle.lost = True
             raise self._lost(handle)
-        self._discard_later(handle.session_id, handle.scope, handle.header.chunks)
+        self._spawn(self._forget(handle.session_id, handle.scope, handle.header))
         catalog = handle.header.catalog
         if catalog is not None and catalog.get("owner"):
             try:
@@ -1437,9 +1645,20 @@ class KVSessionStorage:
             pass
         else:
             return False
+        pinned = protected_keys(
+            scope,
+            [
+                (k, v)
+                for k, v in await self._ref_records(session_id, scope, REF_PREFIX)
+                if k.startswith(PIN_PREFIX)
+            ],
+        )
         keys = [
-            item.key async for item in self.kv.iter_scan(scope, prefix=CHUNK_PREFIX, values=False)
+            item.key
+            async for item in self.kv.iter_scan(scope, prefix=CHUNK_PREFIX, values=False)
+            if item.key.rsplit("/", 1)[0] not in pinned
         ]
+        keys += [k for k, _ in await self._ref_records(session_id, scope, BRANCH_PREFIX)]
         for key in keys:
             await self._call(session_id, self.kv.delete(scope, key))
         return bool(
@@ -1594,6 +1813,8 @@ class KVSessionStorage:
             owner=(header.catalog or {}).get("owner"),
             title=(header.catalog or {}).get("title"),
             tags=tuple((header.catalog or {}).get("tags") or ()),
+            forked_from=None if header.lineage is None else header.lineage.get("source"),
+            fork_point=None if header.lineage is None else header.lineage.get("count"),
         )
 
     async def inspect(self, session_id: str) -> SessionInfo | None:
@@ -1617,17 +1838,19 @@ class KVSessionStorage:
         """
         header, _ = self._decode(session_id, entry.value)
 
-        async def stored_keys() -> set[str]:
+        async def stored_keys(home: str) -> set[tuple[str, str]]:
             return {
-                item.key
+                (home, item.key)
                 async for item in self.kv.iter_scan(
-                    scope, prefix=CHUNK_PREFIX, page_size=500, values=False
+                    home, prefix=CHUNK_PREFIX, page_size=500, values=False
                 )
             }
 
-        keys = await self._call(session_id, stored_keys())
+        keys: set[tuple[str, str]] = set()
+        for home in {ref.home or scope for ref in header.chunks}:
+            keys |= await self._call(session_id, stored_keys(home))
         for ref in header.chunks:
-            if any(k not in keys for k in ref.part_keys()):
+            if any((ref.home or scope, k) not in keys for k in ref.part_keys()):
                 again = await self._call(session_id, self.kv.get(scope, STATE_KEY))
                 return ref.key if again is not None and again.version == entry.version else None
         return None
@@ -1717,10 +1940,7 @@ class KVSessionStorage:
             )
             if not deleted:
                 continue  # used meanwhile
-            for ref in header.chunks:
-                for key in ref.part_keys():
-                    await self._call(session_id, self.kv.delete(scope, key))
-                self.cache.discard(scope, ref.key)
+            await self._forget(session_id, scope, header)
             if header.catalog is not None and header.catalog.get("owner"):
                 await self.catalog.remove(session_id, header.catalog)
             removed.append(session_id)
@@ -1806,6 +2026,335 @@ class KVSessionStorage:
             await asyncio.sleep(pause)
             await self._call(session_id, self.kv.drop_scope(scope))
         return 0  # pragma: no cover - the loop returns
+
+    # -- forks, rewinds, branches (``forks.py``) -------------------------------------------
+
+    async def _forget(self, session_id: str, scope: str, header: StateHeader) -> None:
+        """After the session's state was deleted: delete its branches, then let go of every
+        chunk the state and the branches referenced."""
+        refs: dict[tuple[str, str], ChunkRef] = {(r.home or scope, r.key): r for r in header.chunks}
+        for key, value in await self._ref_records(session_id, scope, BRANCH_PREFIX):
+            try:
+                _, kept, _ = decode_branch(branch_id_of(key), value)
+            except RecordError:
+                kept = StateHeader()
+            refs.update({(r.home or scope, r.key): r for r in kept.chunks})
+            await self._call(session_id, self.kv.delete(scope, key))
+        await self.let_go(session_id, scope, list(refs.values()), state_gone=True)
+
+    async def _committed(self, session_id: str, scope: str) -> tuple[StateHeader, bytes, int]:
+        """The session's state as committed, and how many of its messages a fork may take:
+        all of them, except while a turn that checkpointed runs (the messages it had when
+        it began; :class:`SessionBusyError` when that turn rewrote them)."""
+        entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+        if entry is None:
+            raise SessionNotFoundError(
+                f"session {session_id!r} does not exist", session_id=session_id
+            )
+        header, tail = self._decode(session_id, entry.value)
+        count = header.message_count
+        lease, marked = header.lease, header.open_turn
+        if (
+            marked is not None
+            and lease is not None
+            and header.lease_live(self.clock())
+            and marked.get("fence") == lease.fence
+        ):
+            if marked.get("count") is None:
+                raise SessionBusyError(
+                    f"session {session_id!r}: the turn running now rewrote its history; "
+                    "fork it once that turn has ended",
+                    session_id=session_id,
+                )
+            count = int(marked["count"])
+        return header, tail, count
+
+    async def _prefix(
+        self,
+        session_id: str,
+        scope: str,
+        header: StateHeader,
+        tail: bytes,
+        count: int,
+        target: str,
+        now: float,
+        *,
+        share: bool,
+    ) -> _Plan:
+        """The first ``count`` messages of a history as a plan for the session at ``target``.
+
+        Chunks entirely inside the prefix are referenced as they are (``share``) or copied
+        byte for byte; only the messages of the one chunk (or the tail) the cut falls in
+        are decoded and written again, so the bytes written are at most one chunk's,
+        whatever the length of the history.
+        """
+        plan = _Plan([], EMPTY_ARRAY, 0)
+        taken = 0
+        rest: list[ModelMessage] = []
+        for ref in header.chunks:
+            if taken >= count:
+                break
+            if taken + ref.count <= count:
+                if share:
+                    plan.chunks.append(rehomed(ref, scope, target))
+                else:
+                    raw = await self._chunk_raw(session_id, scope, ref)
+                    copy, write = self._new_chunk(
+                        target,
+                        _Planned(ref.count, ref.size, ref.level, ref.sealed, blob=raw),
+                        now,
+                    )
+                    plan.chunks.append(copy)
+                    plan.writes.append(write)
+            else:
+                fetched = await self._fetch_chunks(session_id, scope, [ref])
+                got = fetched[ref.key]
+                raw = got.raw if isinstance(got, CachedChunk) else got
+                try:
+                    messages = (
+                        got.messages
+                        if isinstance(got, CachedChunk)
+                        else decode_messages(raw, ref.count)
+                    )
+                except RecordError as exc:
+                    raise self._invalid(session_id, f"history chunk {ref.key}: {exc}") from None
+                rest = list(messages[: count - taken])
+            taken += ref.count
+        if taken < count:
+            if count - taken == header.tail_count:
+                plan.tail, plan.tail_count = tail, header.tail_count
+                return plan
+            try:
+                rest = decode_messages(tail, header.tail_count)[: count - taken]
+            except RecordError as exc:
+                raise self._invalid(session_id, str(exc)) from None
+        if rest:
+            blob = encode_messages(rest)
+            if len(blob) <= self.tail_bytes:
+                plan.tail, plan.tail_count = blob, len(rest)
+            else:
+                for planned in self._spill(blob, rest):
+                    ref, write = self._new_chunk(target, planned, now)
+                    plan.chunks.append(ref)
+                    plan.writes.append(write)
+        return plan
+
+    async def _turn_cut(
+        self, session_id: str, scope: str, header: StateHeader, tail: bytes, count: int, turn: int
+    ) -> int:
+        """The message count of the history (its first ``count`` messages) up to ``turn``."""
+        fetched = await self._fetch_chunks(session_id, scope, header.chunks)
+        messages = self._assemble(session_id, scope, header, tail, fetched)[:count]
+        return cut_at_turn(messages, turn, f"session {session_id!r}")
+
+    async def fork(
+        self,
+        source_id: str,
+        new_id: str,
+        *,
+        at_turn: int | None,
+        catalog: CatalogUpdate | None,
+    ) -> ForkReport:
+        """Create ``new_id`` with the history of ``source_id`` up to ``at_turn`` (None: all).
+
+        Takes no lease: reads the source's committed state. Chunks are shared when both
+        sessions have the same owner (pinned first, then the source read again to check it
+        still references them), copied otherwise, so erasing one owner never leaves the
+        other's session reading it. The new state is created, never overwritten:
+        :class:`SessionExistsError` when ``new_id`` exists.
+        """
+        source = self.scope_for(source_id)
+        target = self.scope_for(new_id)
+        if source == target:
+            raise InvalidSessionError(
+                f"session {source_id!r} cannot be forked into itself", session_id=source_id
+            )
+        if await self._call(new_id, self.kv.get(target, STATE_KEY)) is not None:
+            raise SessionExistsError(f"session {new_id!r} already exists", session_id=new_id)
+        for _ in range(_FORK_ATTEMPTS):
+            header, tail, count = await self._committed(source_id, source)
+            if at_turn is not None:
+                count = await self._turn_cut(source_id, source, header, tail, count, at_turn)
+            now = self.clock()
+            wanted = applied(header.catalog, catalog)
+            share = wanted.get("owner") == (header.catalog or {}).get("owner")
+            plan = await self._prefix(
+                source_id, source, header, tail, count, target, now, share=share
+            )
+            pinned = refs_by_home(target, [r for r in plan.chunks if r.home is not None])
+            for home, refs in sorted(pinned.items()):
+                ends = [r.expires_at for r in refs]
+                await self._set_pin(
+                    new_id,
+                    home,
+                    target,
+                    {r.key for r in refs},
+                    grow=True,
+                    expires_at=None if None in ends else max(e for e in ends if e is not None),
+                )
+            again = await self._call(source_id, self.kv.get(source, STATE_KEY))
+            still = (
+                set()
+                if again is None
+                else {r.key for r in self._decode(source_id, again.value)[0].chunks}
+            )
+            if all(r.key in still for rs in pinned.values() for r in rs):
+                break
+            await self.let_go(new_id, target, [r for rs in pinned.values() for r in rs])
+        else:
+            raise SessionStoreError(
+                f"session {source_id!r} changed too often to be forked", session_id=source_id
+            )
+        lineage = lineage_doc(source_id, count, at_turn, now)
+        written = sum(len(p) for w in plan.writes for p in w.parts)
+        try:
+            await asyncio.gather(
+                *(
+                    self._call(
+                        new_id,
+                        self.kv.create(target, f"{w.key}/{i}", part, ttl=self.chunk_ttl),
+                    )
+                    for w in plan.writes
+                    for i, part in enumerate(w.parts)
+                )
+            )
+            fresh = StateHeader(
+                chunks=tuple(plan.chunks),
+                tail_count=plan.tail_count,
+                created_at=now,
+                updated_at=now,
+                lineage=lineage,
+            )
+            handle = LeaseHandle(new_id, target, "", 0, 0.0, [], (), "", fresh, plan.tail)
+            new_catalog = None
+            if wanted:
+                # Only what the source's user set is carried over (not its index bookkeeping).
+                update = CatalogUpdate.of(
+                    wanted.get("owner"), wanted.get("title"), wanted.get("tags"), wanted.get("meta")
+                )
+                new_catalog = await self._next_catalog(handle, update, None, count, now)
+            value = encode_state(replace(fresh, catalog=new_catalog), plan.tail)
+            written += len(value)
+            await self._call(new_id, self.kv.create(target, STATE_KEY, value, ttl=self.ttl_seconds))
+        except BaseException as exc:
+            self._spawn(self.let_go(new_id, target, plan.chunks, state_gone=True))
+            if isinstance(exc, ConflictError):
+                raise SessionExistsError(
+                    f"session {new_id!r} already exists", session_id=new_id
+                ) from None
+            raise
+        shared = sum(1 for r in plan.chunks if r.home is not None)
+        return ForkReport(
+            session_id=new_id,
+            source=source_id,
+            message_count=count,
+            at_turn=at_turn,
+            shared_chunks=shared,
+            copied=not share,
+            bytes_written=written,
+        )
+
+    async def rewind(self, handle: LeaseHandle, to_turn: int) -> BranchInfo:
+        """Cut the held session's history back to ``to_turn``, keeping what it held as a
+        branch, and release: one branch write, then the fenced state write."""
+        header, tail = handle.header, handle.tail
+        count = cut_at_turn(handle.messages, to_turn, f"session {handle.session_id!r}")
+        now = self.clock()
+        branch = await self._set_aside(handle, now, "rewind")
+        plan = await self._prefix(
+            handle.session_id, handle.scope, header, tail, count, handle.scope, now, share=True
+        )
+        kept = {(r.home, r.key) for r in plan.chunks}
+        plan.obsolete = [r for r in header.chunks if (r.home, r.key) not in kept]
+        await self._save_or_drop_branch(handle, handle.messages[:count], plan, branch)
+        return branch
+
+    async def restore(self, handle: LeaseHandle, branch_id: str) -> BranchInfo:
+        """Bring back the branch ``branch_id`` as the held session's history (what it holds
+        now becomes a branch in turn), and release."""
+        key = BRANCH_PREFIX + branch_id
+        self.kv.check_ids(handle.scope, key)
+        entry = await self._call(handle.session_id, self.kv.get(handle.scope, key))
+        if entry is None:
+            raise BranchNotFoundError(
+                f"session {handle.session_id!r} has no branch {branch_id!r}",
+                session_id=handle.session_id,
+            )
+        try:
+            _, kept, kept_tail = decode_branch(branch_id, entry.value)
+        except RecordError as exc:
+            raise self._invalid(handle.session_id, f"branch {branch_id}: {exc}") from None
+        now = self.clock()
+        branch = await self._set_aside(handle, now, "restore")
+        plan = _Plan(list(kept.chunks), kept_tail, kept.tail_count)
+        keep = {(r.home, r.key) for r in kept.chunks}
+        plan.obsolete = [r for r in handle.header.chunks if (r.home, r.key) not in keep]
+        fetched = await self._fetch_chunks(handle.session_id, handle.scope, kept.chunks)
+        messages = self._assemble(handle.session_id, handle.scope, kept, kept_tail, fetched)
+        await self._save_or_drop_branch(handle, messages, plan, branch)
+        await self._call(
+            handle.session_id, self.kv.delete(handle.scope, key, expected_version=entry.version)
+        )
+        return branch
+
+    async def _set_aside(self, handle: LeaseHandle, now: float, reason: str) -> BranchInfo:
+        """Write the held history as a branch (before the state write that replaces it)."""
+        key = new_branch_key(now)
+        value = encode_branch(handle.header, handle.tail, at=now, reason=reason)
+        ends = [r.expires_at for r in handle.header.chunks]
+        ttl: float | None = self.chunk_ttl
+        if ends and None not in ends:
+            ttl = max(min(e for e in ends if e is not None) - now, 1.0)
+        await self._call(handle.session_id, self.kv.create(handle.scope, key, value, ttl=ttl))
+        return BranchInfo(branch_id_of(key), now, handle.header.message_count, reason)
+
+    async def _save_or_drop_branch(
+        self,
+        handle: LeaseHandle,
+        messages: Sequence[ModelMessage],
+        plan: _Plan,
+        branch: BranchInfo,
+    ) -> None:
+        """Save ``plan`` and release; a save that did not land takes its branch back."""
+        try:
+            await self._save(handle, messages, release=True, plan=plan)
+        except BaseException:
+            if handle.lost:
+                # Not saved: the branch would repeat the history the session still holds.
+                self._spawn(self.kv.delete(handle.scope, BRANCH_PREFIX + branch.branch_id))
+            raise
+
+    async def branches(self, session_id: str) -> list[BranchInfo]:
+        """The histories rewinds and restores of the session set aside, oldest first."""
+        scope = self.scope_for(session_id)
+        out: list[BranchInfo] = []
+        for key, value in await self._ref_records(session_id, scope, BRANCH_PREFIX):
+            try:
+                out.append(decode_branch(branch_id_of(key), value)[0])
+            except RecordError as exc:
+                raise self._invalid(session_id, f"branch {branch_id_of(key)}: {exc}") from None
+        return out
+
+    async def lineage(self, session_id: str) -> list[dict[str, Any]]:
+        """Where the session came from: its fork record, then its source's, … (oldest last).
+
+        Stops at a session that was not forked, or whose source no longer exists.
+        """
+        out: list[dict[str, Any]] = []
+        seen = {session_id}
+        current = session_id
+        while True:
+            entry = await self._call(current, self.kv.get(self.scope_for(current), STATE_KEY))
+            if entry is None:
+                return out
+            header, _ = self._decode(current, entry.value)
+            if header.lineage is None:
+                return out
+            out.append({"session_id": current, **header.lineage})
+            current = str(header.lineage.get("source"))
+            if current in seen:
+                return out
+            seen.add(current)
 
     async def list_owner(
         self, owner: str, *, limit: int, cursor: str | None, tags: Sequence[str] | None

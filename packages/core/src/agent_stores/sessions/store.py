@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -24,8 +25,10 @@ from .errors import (
     LeaseLostError,
     SessionBusyError,
     SessionError,
+    SessionNotFoundError,
     TransientStoreError,
 )
+from .forks import BranchInfo, ForkReport
 from .info import SessionInfo
 from .port import SessionPort
 from .storage import Acquired, Busy, KVSessionStorage, LeaseHandle, Ticket
@@ -927,6 +930,109 @@ class SessionStore(KVBackedStore):
         )
         try:
             return await self.storage.clear_recovery(handle)
+        finally:
+            self._release_queue(session_id)
+
+    # -- forks and rewinds ------------------------------------------------------------------
+
+    @telemetry.traced("session.fork")
+    async def fork(
+        self,
+        source_id: str,
+        new_id: str,
+        *,
+        at_turn: int | None = None,
+        owner: str | None = None,
+        title: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> ForkReport:
+        """Create session ``new_id`` whose history is ``source_id``'s up to ``at_turn``.
+
+        ``at_turn=None`` takes the whole committed history; ``at_turn=k`` the history
+        before its ``k``-th user prompt (its first ``k`` turns). Takes no lease and never
+        reads half a turn: while a turn of the source runs, the fork starts from the
+        history as it was before that turn (``SESSION_BUSY`` if that turn rewrote it).
+
+        Copy-on-write: the new session refers to the source's immutable history chunks
+        and writes only its own state (and the messages of the one chunk a cut falls
+        in), so the cost does not grow with the history. The shared chunks are pinned: no
+        turn, reset, purge or expiry of the source deletes a chunk the fork still reads.
+        Catalog fields are the source's unless given; when the fork's owner differs from
+        the source's, every chunk is copied instead (erasing one owner never touches the
+        other's session). The lineage (source, fork point) is recorded in the new session
+        (:meth:`inspect`, :meth:`lineage`). Raises :class:`SessionExistsError` when
+        ``new_id`` exists, :class:`SessionNotFoundError` when ``source_id`` does not,
+        ``ValueError`` for a turn past the end.
+        """
+        self._check_open()
+        update = CatalogUpdate.of(owner, title, tags, metadata)
+        return await self.storage.fork(source_id, new_id, at_turn=at_turn, catalog=update)
+
+    @telemetry.traced("session.rewind")
+    async def rewind(
+        self, session_id: str, to_turn: int, *, timeout_seconds: float = 5.0
+    ) -> BranchInfo:
+        """Move the session back to its first ``to_turn`` turns, keeping what it held.
+
+        A turn of its own: it waits for the lease like :meth:`turn` (``SESSION_BUSY``
+        after ``timeout_seconds``), and a latched session raises
+        ``SESSION_RECOVERY_REQUIRED`` (rewinding does not undo effects). The discarded
+        history is kept as a branch (:meth:`branches`, :meth:`restore`); nothing is
+        copied, the branch refers to the same chunks. Returns that branch.
+        """
+        return await self._held(
+            session_id, timeout_seconds, lambda handle: self.storage.rewind(handle, to_turn)
+        )
+
+    @telemetry.traced("session.restore")
+    async def restore(
+        self, session_id: str, branch_id: str, *, timeout_seconds: float = 5.0
+    ) -> BranchInfo:
+        """Make the branch ``branch_id`` the session's history again (a turn of its own).
+
+        The history it replaces becomes a branch in turn (returned), so a restore can be
+        undone the same way. Raises :class:`BranchNotFoundError` for an unknown branch.
+        """
+        return await self._held(
+            session_id, timeout_seconds, lambda handle: self.storage.restore(handle, branch_id)
+        )
+
+    @telemetry.traced("session.branches")
+    async def branches(self, session_id: str) -> list[BranchInfo]:
+        """The histories rewinds and restores of the session set aside, oldest first."""
+        self._check_open()
+        return await self.storage.branches(session_id)
+
+    @telemetry.traced("session.lineage")
+    async def lineage(self, session_id: str) -> list[dict[str, Any]]:
+        """Where a forked session came from: ``{"session_id", "source", "count", "turn",
+        "at"}`` for it, then for its source if that was forked too, and so on."""
+        self._check_open()
+        return await self.storage.lineage(session_id)
+
+    async def _held(
+        self,
+        session_id: str,
+        timeout_seconds: float,
+        operation: Callable[[LeaseHandle], Awaitable[T]],
+    ) -> T:
+        """Run ``operation`` on the session's lease, taken like a turn takes it; the
+        operation's own write releases it, anything else releases it unchanged."""
+        self._check_open()
+        self.storage.scope_for(session_id)
+        if await self.storage.inspect(session_id) is None:
+            raise SessionNotFoundError(
+                f"session {session_id!r} does not exist", session_id=session_id
+            )
+        handle = await self._acquire(session_id, timeout_seconds)
+        try:
+            return await operation(handle)
+        except BaseException:
+            if not handle.lost:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.storage.release(handle))
+            raise
         finally:
             self._release_queue(session_id)
 
