@@ -692,8 +692,9 @@ def bench(session: nox.Session) -> None:
     docs/requests.md; then memory recall by meaning (``benchmarks/recall.py``: recall@5 and
     MRR per search mode on WordNet glosses, search latency at 1k-100k passages) and the
     requests of the admin walks over 1k and 10k scopes (``benchmarks/scope_walk.py``) and of
-    one owner's session listing among 1k and 10k sessions (``benchmarks/catalog.py``), added
-    to docs/benchmarks.md. ``-- --quick``: short, nothing written."""
+    one owner's session listing among 1k and 10k sessions (``benchmarks/catalog.py``) and
+    forks of sessions with 10 and 10,000 messages (``benchmarks/forks.py``), added to
+    docs/benchmarks.md. ``-- --quick``: short, nothing written."""
     _install(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
     venv = Path(".nox/bench-anchors")
@@ -749,6 +750,7 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/recall.py", *quick, *recall_page, env=env)
         session.run("python", "benchmarks/scope_walk.py", *quick, *recall_page, env=env)
         session.run("python", "benchmarks/catalog.py", *quick, *recall_page, env=env)
+        session.run("python", "benchmarks/forks.py", *quick, *recall_page, env=env)
 
 
 @nox.session(name="contract-stress", python=False)

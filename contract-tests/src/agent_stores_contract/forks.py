@@ -278,9 +278,10 @@ class ForkBehaviours(ContractBase):
     async def test_erase_subject_with_forks_leaves_nothing_of_it(
         self, sessions_factory: SessionsFactory, ns: str
     ) -> None:
-        """Forks within one owner share chunks, a fork for another owner copies them:
-        erasing the first owner removes its sessions, their forks and branches (nothing
-        left), while the other owner's fork still reads its whole history."""
+        """Forks within one owner share chunks, a fork for another owner copies them, and
+        so does a fork given to another owner later: erasing the first owner removes its
+        sessions, their forks and branches (nothing left), while the other owner's
+        sessions still read their whole history."""
         store = await sessions_factory(**CHUNKY)
         alice, bob = f"{ns}-alice", f"{ns}-bob"
         sid = f"{ns}:alice-src"
@@ -291,13 +292,17 @@ class ForkBehaviours(ContractBase):
         await store.rewind(f"{ns}:alice-fork", 2)
         other = await store.fork(sid, f"{ns}:bob-fork", owner=bob)
         assert other.copied and other.shared_chunks == 0
+        moved = await store.fork(sid, f"{ns}:bob-later")
+        assert not moved.copied and moved.shared_chunks > 0
+        assert await store.set_catalog(f"{ns}:bob-later", owner=bob)
         report = await erase_subject(alice, sessions=store)
         assert report.entries_left == 0
         for name in ("alice-src", "alice-fork", "alice-fork2"):
             assert await store.inspect(f"{ns}:{name}") is None
             assert await raw_entries(store, store.storage.scope_for(f"{ns}:{name}")) == {}
         reader = await sessions_factory()
-        got = await reader.read_messages(f"{ns}:bob-fork")
-        assert got is not None and texts(got) == flat(conversation(6, "a"))
-        info = await reader.inspect(f"{ns}:bob-fork")
-        assert info is not None and info.problem is None and info.owner == bob
+        for name in ("bob-fork", "bob-later"):
+            got = await reader.read_messages(f"{ns}:{name}")
+            assert got is not None and texts(got) == flat(conversation(6, "a")), name
+            info = await reader.inspect(f"{ns}:{name}")
+            assert info is not None and info.problem is None and info.owner == bob

@@ -136,7 +136,8 @@ async def _check_session(kv: KVStore, scope: str) -> list[Finding]:
     except RecordError as exc:
         return [Finding("sessions", "undecodable", scope, STATE_KEY, str(exc), reset, chunk_keys)]
     for ref in header.chunks:
-        parts = await kv.get_many(scope, ref.part_keys())
+        # A fork's shared chunks are read where they live: the scope it was forked from.
+        parts = await kv.get_many(ref.home or scope, ref.part_keys())
         missing = [k for k in ref.part_keys() if k not in parts]
         if missing:
             detail = f"history chunk {ref.key} is missing {len(missing)} of {ref.parts} parts"

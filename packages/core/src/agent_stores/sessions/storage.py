@@ -588,16 +588,23 @@ class KVSessionStorage:
             raise self._invalid(session_id, f"history chunk {exc} is missing") from None
 
     async def _refresh_chunks(
-        self, session_id: str, scope: str, chunks: Sequence[ChunkRef], now: float
+        self,
+        session_id: str,
+        scope: str,
+        chunks: Sequence[ChunkRef],
+        now: float,
+        *,
+        unshare: bool = False,
     ) -> _Refreshed:
-        """Copy chunks that would expire before a state written now (the copies are
-        written by the state's save)."""
-        if self.ttl_seconds is None:
+        """Copy chunks that would expire before a state written now, and (``unshare``) the
+        ones shared with another session (the copies are written by the state's save)."""
+        if self.ttl_seconds is None and not unshare:
             return _Refreshed(list(chunks), [], [], [])
-        horizon = now + self.ttl_seconds
+        horizon = None if self.ttl_seconds is None else now + self.ttl_seconds
         out = _Refreshed([], [], [], [])
         for ref in chunks:
-            if ref.expires_at is None or ref.expires_at >= horizon:
+            due = horizon is not None and ref.expires_at is not None and ref.expires_at < horizon
+            if not due and not (unshare and ref.home is not None):
                 out.chunks.append(ref)
                 continue
             raw = await self._chunk_raw(session_id, scope, ref)
@@ -1486,6 +1493,16 @@ class KVSessionStorage:
             new_catalog = await self._next_catalog(handle, catalog, messages, count, now)
         else:
             new_catalog = header.catalog
+        if (new_catalog or {}).get("owner") != (header.catalog or {}).get("owner") and any(
+            r.home is not None for r in plan.chunks
+        ):
+            # Owners never share chunks (erasing one must not break or expose the other's
+            # session): a session changing owner takes copies of what it shared.
+            unshared = await self._refresh_chunks(
+                handle.session_id, handle.scope, plan.chunks, now, unshare=True
+            )
+            plan.chunks, plan.writes = unshared.chunks, [*plan.writes, *unshared.writes]
+            plan.obsolete = [*plan.obsolete, *unshared.obsolete]
         new_header = replace(
             header,
             catalog=new_catalog,

@@ -1,0 +1,139 @@
+"""Forks and rewinds: the record layout, turn boundaries, and the CLI commands.
+
+The behaviours (every backend) are in the contract: ``agent_stores_contract.forks``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from agent_stores import open_sessions
+from agent_stores.cli import cli
+from agent_stores.sessions import TurnOutOfRangeError
+from agent_stores.sessions.forks import (
+    cut_at_turn,
+    decode_branch,
+    decode_pin,
+    encode_branch,
+    encode_pin,
+    pin_key,
+    turn_starts,
+)
+from agent_stores.sessions.records import (
+    ChunkRef,
+    RecordError,
+    StateHeader,
+    decode_state,
+    encode_state,
+)
+from click.testing import CliRunner
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+
+def exchange(tag: str) -> list[ModelMessage]:
+    return [
+        ModelRequest(parts=[UserPromptPart(f"q:{tag}")]),
+        ModelResponse(parts=[ToolCallPart("look", {}, tool_call_id=f"c-{tag}")]),
+        ModelRequest(parts=[ToolReturnPart("look", "ok", tool_call_id=f"c-{tag}")]),
+        ModelResponse(parts=[TextPart(f"a:{tag}")]),
+    ]
+
+
+def test_a_shared_chunk_reference_keeps_its_home_and_an_own_one_stays_seven_fields() -> None:
+    own = ChunkRef("h/aa", 2, 10, 1, 0, False, None)
+    shared = ChunkRef("h/bb", 3, 12, 1, 0, True, 5.0, home="session:src")
+    header = StateHeader(
+        chunks=(own, shared),
+        lineage={"source": "src", "count": 5, "turn": None, "at": 1.0},
+        open_turn={"fence": 3, "count": 5},
+    )
+    value = encode_state(header, b"[]")
+    doc = json.loads(value.partition(b"\n")[0])
+    assert [len(c) for c in doc["chunks"]] == [7, 8]
+    decoded, _ = decode_state(value)
+    assert decoded.chunks == (own, shared)
+    assert decoded.lineage == header.lineage and decoded.open_turn == header.open_turn
+
+
+def test_turns_start_at_user_prompts_and_cut_before_them() -> None:
+    history = [*exchange("a"), *exchange("b"), *exchange("c")]
+    assert turn_starts(history) == [0, 4, 8]
+    assert [cut_at_turn(history, k, "s") for k in range(4)] == [0, 4, 8, 12]
+    with pytest.raises(TurnOutOfRangeError, match="has 3 turns"):
+        cut_at_turn(history, 4, "s")
+    with pytest.raises(TurnOutOfRangeError, match=">= 0"):
+        cut_at_turn(history, -1, "s")
+    with pytest.raises(ValueError, match="integer"):
+        cut_at_turn(history, True, "s")
+
+
+def test_pins_and_branches_round_trip_and_refuse_garbage() -> None:
+    assert decode_pin(encode_pin("session:f", ["h/b", "h/a", "h/a"])) == (
+        "session:f",
+        frozenset({"h/a", "h/b"}),
+    )
+    assert pin_key("session:f") != pin_key("session:g") and pin_key("x").startswith("r/p/")
+    with pytest.raises(RecordError):
+        decode_pin(b"{}")
+    header = StateHeader(chunks=(ChunkRef("h/aa", 2, 10, 1, 0),), tail_count=0)
+    info, kept, tail = decode_branch("b1", encode_branch(header, b"[]", at=2.5, reason="rewind"))
+    assert (info.branch_id, info.created_at, info.message_count, info.reason) == (
+        "b1",
+        2.5,
+        2,
+        "rewind",
+    )
+    assert kept.chunks == header.chunks and tail == b"[]"
+    with pytest.raises(RecordError):
+        decode_branch("b1", b"no header line")
+
+
+async def _three_turns(url: str) -> None:
+    async with open_sessions(url) as store:
+        for tag in "abc":
+            async with store.turn("chat") as session:
+                session.replace([*session.messages, *exchange(tag)])
+
+
+async def _history_length(url: str, session_id: str) -> int | None:
+    async with open_sessions(url) as store:
+        found = await store.read_messages(session_id)
+    return None if found is None else len(found)
+
+
+def test_cli_forks_rewinds_lists_and_restores(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    asyncio.run(_three_turns(url))
+    runner = CliRunner()
+
+    def run(*args: str) -> str:
+        result = runner.invoke(cli, ["sessions", url, *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "forked chat into alt: 8 messages" in run("fork", "chat", "alt", "--at-turn", "2")
+    assert "forked from  chat (its first 8 messages)" in run("show", "alt")
+    report = json.loads(run("fork", "chat", "all", "--json"))
+    assert report["message_count"] == 12 and not report["copied"]
+    assert "rewound chat to turn 1" in run("rewind", "chat", "1")
+    branches = [json.loads(line) for line in run("branches", "chat", "--json").splitlines()]
+    assert [(b["message_count"], b["reason"]) for b in branches] == [(12, "rewind")]
+    assert "restored branch" in run("restore", "chat", branches[0]["branch_id"])
+    assert asyncio.run(_history_length(url, "chat")) == 12
+    failed = runner.invoke(cli, ["sessions", url, "fork", "chat", "all"])
+    assert failed.exit_code == 1 and "already exists" in failed.output
+    failed = runner.invoke(cli, ["sessions", url, "fork", "chat", "x", "--at-turn", "9"])
+    assert failed.exit_code == 1 and "past the end" in failed.output
+    failed = runner.invoke(cli, ["sessions", url, "restore", "chat", "nope"])
+    assert failed.exit_code == 1 and "no branch" in failed.output
