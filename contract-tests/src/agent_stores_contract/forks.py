@@ -275,6 +275,54 @@ class ForkBehaviours(ContractBase):
             left = await raw_entries(fresh, scope)
             assert not [k for k in left if not k.startswith("h/")], (scope, sorted(left))
 
+    async def test_processes_fork_while_the_source_takes_turns_and_forks_are_purged(
+        self, kv: KVStore, sessions_factory: SessionsFactory, store_url: str, ns: str
+    ) -> None:
+        """Two processes fork a session again and again while this one keeps taking turns
+        on it (merging and deleting its chunks) and resets and purges some forks: every
+        fork a process made reads, from here, exactly what it read right after making
+        it, and the source's own history is whole."""
+        from .sessions import read_json, require_processes, spawn
+
+        require_processes(kv)
+        store = await sessions_factory(**CHUNKY)
+        purger = await sessions_factory(**CHUNKY)
+        ahead = purger.kv.clock
+        purger.kv.clock = lambda: ahead() + 3600
+        sid = f"{ns}:proc-src"
+        await talk(store, sid, ["p0", "p1", "p2"])
+        workers = [await spawn("forks", store_url, sid, f"{ns}:w{n}-", "6") for n in range(2)]
+        made: dict[str, list[str]] = {}
+        try:
+            turns = asyncio.create_task(talk(store, sid, [f"p{i}" for i in range(3, 12)]))
+            for proc in workers:
+                while "done" not in (line := await read_json(proc)):
+                    made[line["fork"]] = line["texts"]
+                    if len(made) % 3 == 0:  # purge one, reset another, as they come
+                        victim = line["fork"]
+                        if len(made) % 2:
+                            await purger.purge_idle(60.0, prefix=victim)
+                        else:
+                            await store.reset(victim)
+                        del made[victim]
+            await turns
+        finally:
+            for proc in workers:
+                if proc.returncode is None:
+                    proc.kill()
+                await proc.wait()
+        await store.storage.drain()
+        await purger.storage.drain()
+        assert made, "the workers made no fork"
+        reader = await sessions_factory()
+        for name, want in sorted(made.items()):
+            got = await reader.read_messages(name)
+            assert got is not None and texts(got) == want, name
+        got = await reader.read_messages(sid)
+        assert got is not None and texts(got) == flat(
+            [texts(pair(f"p{i}", 120)) for i in range(12)]
+        )
+
     async def test_erase_subject_with_forks_leaves_nothing_of_it(
         self, sessions_factory: SessionsFactory, ns: str
     ) -> None:

@@ -15,6 +15,10 @@
     and sleeps until killed.
 ``agent-turn URL SESSION PROMPT``
     One agent run continuing the session's conversation; prints ``{"output": ...}``.
+``forks URL SESSION PREFIX N``
+    N forks of the session (whole, or at turn 1 or 2) named ``PREFIX<i>``, on a store with
+    a small inline tail and fanout 2; prints ``{"fork": id, "texts": [...]}`` for each
+    as read back right after it was made.
 """
 
 from __future__ import annotations
@@ -181,6 +185,24 @@ async def effect(url: str, session_id: str, lease: str) -> None:
         session.replace(result.all_messages())
 
 
+async def forks(url: str, session_id: str, prefix: str, count: str) -> None:
+    """Fork the session ``count`` times and print what each fork holds."""
+    from agent_stores.sessions import TurnOutOfRangeError
+
+    rng = random.Random(os.getpid())
+    store = open_sessions(url, tail_bytes=300, fanout=2)
+    async with store:
+        for i in range(int(count)):
+            name = f"{prefix}{i}"
+            try:
+                await store.fork(session_id, name, at_turn=rng.choice([None, 1, 2]))
+            except TurnOutOfRangeError:
+                continue
+            got = await store.read_messages(name)
+            emit({"fork": name, "texts": texts(got or [])})
+    emit({"done": True})
+
+
 async def agent_turn(url: str, session_id: str, prompt: str) -> None:
     """Continue the conversation with one agent run through ``turn()``."""
     agent = Agent(prompts_model())
@@ -241,6 +263,7 @@ WORKERS: dict[str, Callable[..., Coroutine[Any, Any, None]]] = {
     "hold": hold,
     "effect": effect,
     "agent-turn": agent_turn,
+    "forks": forks,
     "erase-owner": erase_owner,
     "erase-subject": erase_subject,
 }
