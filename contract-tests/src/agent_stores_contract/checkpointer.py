@@ -25,6 +25,8 @@ from agent_stores import KVStore
 from agent_stores.checkpointer import (
     Checkpointer,
     Durability,
+    ForkIncompleteError,
+    ForkPointError,
     JournalEvent,
     KVStepStore,
     Outcome,
@@ -33,6 +35,7 @@ from agent_stores.checkpointer import (
     ReplayMismatchError,
     ReplayState,
     RunExistsError,
+    RunNotFoundError,
     UncertainEffect,
     make_step_id,
 )
@@ -140,6 +143,83 @@ def tool_call_messages(text: str = "hi") -> list[Any]:
         ModelRequest(parts=[ToolReturnPart("work", "ok", tool_call_id="c1")]),
         ModelResponse(parts=[TextPart("done")]),
     ]
+
+
+class ToolCrash(BaseException):
+    """Raised inside a tool after its effect: the run stops there as a killed process does,
+    with no hook recording the tool's outcome (a ``BaseException`` passes them all)."""
+
+
+PAID = "receipt for 5"
+
+
+def effect_agent(store: KVStepStore, effects: list[int], *, crash: bool = False) -> Any:
+    """A resumable agent on a ``FunctionModel``: it calls the effect tool ``pay`` once
+    (call id ``pay-1``), then answers with what ``pay`` returned. Every execution of ``pay``
+    appends to ``effects``; with ``crash`` the tool has its effect, then the run stops
+    inside it (:class:`ToolCrash`)."""
+    from agent_stores.checkpointer.resume import resumable
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    def model(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        returned = [
+            part.content
+            for message in messages
+            for part in message.parts
+            if isinstance(part, ToolReturnPart)
+        ]
+        if not returned:
+            return ModelResponse(parts=[ToolCallPart("pay", {"amount": 5}, tool_call_id="pay-1")])
+        return ModelResponse(parts=[TextPart(f"paid: {returned[0]}")])
+
+    agent: Any = Agent(FunctionModel(model), capabilities=[*resumable(store)])
+
+    def pay(amount: int) -> str:
+        """The side effect, counted."""
+        effects.append(amount)
+        if crash:
+            raise ToolCrash
+        return PAID
+
+    agent.tool_plain(pay)
+    return agent
+
+
+def calls_pay(messages: Sequence[Any]) -> bool:
+    """True when the history holds the model's call of ``pay``."""
+    from pydantic_ai.messages import ModelResponse
+
+    return any(
+        isinstance(m, ModelResponse) and any(c.tool_call_id == "pay-1" for c in m.tool_calls)
+        for m in messages
+    )
+
+
+def returns_of_pay(messages: Sequence[Any]) -> list[Any]:
+    """The contents of every return of ``pay`` in the history."""
+    from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+    return [
+        part.content
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for part in m.parts
+        if isinstance(part, ToolReturnPart) and part.tool_call_id == "pay-1"
+    ]
+
+
+async def raw_run_entries(kv: KVStore, checkpointer: Checkpointer, run_id: str) -> dict[str, Any]:
+    """Every stored entry of a run (its scope, its listing entry), value and version."""
+    space = checkpointer.space
+    out: dict[str, Any] = {}
+    async for item in kv.iter_scan(space.scope(run_id)):
+        assert item.entry is not None
+        out[item.key] = (item.entry.value, item.entry.version, item.entry.expires_at)
+    listed = await kv.get(space.runs_scope, run_id)
+    out["~listing"] = (listed.value, listed.version) if listed is not None else None
+    return out
 
 
 class CheckpointerContract(ContractBase):
@@ -1076,6 +1156,248 @@ class CheckpointerContract(ContractBase):
         assert failed[-1] == "run_failed" and "tool_call_completed" in failed
         resumed = [e.kind for e in await steps.list_events(run_id=outputs[1]["run_id"])]
         assert resumed[-1] == "run_completed" and "tool_call_started" not in resumed
+
+    # -- forks ----------------------------------------------------------------------------------
+
+    async def test_fork_after_an_effect_call_never_runs_it_again(
+        self, checkpointer: Checkpointer, steps: KVStepStore
+    ) -> None:
+        """A run with an effect tool forked after the tool's call — at the snapshot where the call
+        is still open (its outcome known only from the effect knowledge) and at the latest point —
+        runs the tool zero more times when the fork is resumed (counted), and the tool's recorded
+        result is in the fork's history."""
+        from agent_stores.checkpointer.resume import resume_run
+
+        effects: list[int] = []
+        agent = effect_agent(steps, effects)
+        assert (await agent.run("pay", run_id="src")).output == f"paid: {PAID}"
+        assert effects == [5]
+        numbered = await steps.numbered_snapshots(run_id="src", include_interrupted=True)
+        after_call = [n for n, s in numbered if calls_pay(s.messages)]
+        open_call = next(
+            n for n, s in numbered if calls_pay(s.messages) and not returns_of_pay(s.messages)
+        )
+        assert after_call and open_call == after_call[0]
+        for at in (open_call, None):
+            fork = await checkpointer.fork_run("src", at=at)
+            assert fork.point.snapshot == (open_call if at is not None else numbered[-1][0])
+            assert fork.tool_effects == 1 and fork.latched == ()
+            if at == open_call:
+                (known,) = fork.calls
+                assert known.state is ReplayState.DONE and known.result is not None
+                assert known.result.content == PAID
+            result = await resume_run(agent, steps, fork.run_id)
+            assert result.output == f"paid: {PAID}"
+            assert effects == [5], f"the tool ran again after a fork at {at}"
+            assert returns_of_pay(result.all_messages()) == [PAID]
+            history = await steps.latest_snapshot(run_id=fork.run_id, include_interrupted=True)
+            source = dict(numbered)[fork.point.snapshot or 0]
+            assert history is not None and history.messages == source.messages
+
+    async def test_fork_at_an_uncertain_call_is_latched(
+        self, checkpointer: Checkpointer, steps: KVStepStore
+    ) -> None:
+        """A run stopped inside an effect tool (its outcome uncertain) forked at that point is
+        latched: resuming the fork raises the UncertainEffect resuming the source raises, and runs
+        nothing; deciding the call (resume_run's decisions=, the result it had) unlatches it and
+        the fork finishes without running the tool."""
+        from agent_stores.checkpointer.resume import plan_resume, resume_run
+
+        effects: list[int] = []
+        with pytest.raises(ToolCrash):
+            await effect_agent(steps, effects, crash=True).run("pay", run_id="src")
+        assert effects == [5]
+        with pytest.raises(UncertainEffect) as on_source:
+            await plan_resume(steps, "src")
+        numbered = await steps.numbered_snapshots(run_id="src", include_interrupted=True)
+        open_call = next(n for n, s in numbered if calls_pay(s.messages))
+        agent = effect_agent(steps, effects)
+        for at in (None, open_call):
+            fork = await checkpointer.fork_run("src", at=at)
+            assert fork.latched == ("pay-1",)
+            assert [c.state for c in fork.calls] == [ReplayState.UNCERTAIN]
+            with pytest.raises(UncertainEffect) as on_fork:
+                await resume_run(agent, steps, fork.run_id)
+            assert on_fork.value.code == on_source.value.code == "RUN_UNCERTAIN_EFFECT"
+            assert on_fork.value.step_id == on_source.value.step_id == "pay-1"
+            assert effects == [5], "a latched fork ran the tool"
+            decided = await resume_run(agent, steps, fork.run_id, decisions={"pay-1": PAID})
+            assert decided.output == f"paid: {PAID}"
+            assert effects == [5]
+        with pytest.raises(UncertainEffect):
+            await plan_resume(steps, "src")  # deciding a fork decides nothing for the source
+
+    async def test_fork_leaves_the_source_unchanged(
+        self, kv: KVStore, checkpointer: Checkpointer, steps: KVStepStore
+    ) -> None:
+        """Forking reads the source only: every entry of the source run (journal, snapshots,
+        messages, effects, results, record, listing) is identical, value and version, after forks
+        at the latest point, at a snapshot and at a journal step."""
+        from pydantic_ai_harness.step_persistence import RunRecord
+
+        await steps.register_run(RunRecord(run_id="src", conversation_id="conv"))
+        await checkpointer.append("src", model_step(0, Phase.ATTEMPTED))
+        await checkpointer.append("src", model_step(0))
+        await effect_agent(steps, []).run("pay", run_id="src-agent")
+        before = await raw_run_entries(kv, checkpointer, "src")
+        agent_before = await raw_run_entries(kv, checkpointer, "src-agent")
+        await checkpointer.fork_run("src")
+        await checkpointer.fork_run("src", at="000000-model")
+        numbered = await steps.numbered_snapshots(run_id="src-agent", include_interrupted=True)
+        await checkpointer.fork_run("src-agent", at=numbered[1][0])
+        await checkpointer.fork_run("src-agent")
+        assert await raw_run_entries(kv, checkpointer, "src") == before
+        assert await raw_run_entries(kv, checkpointer, "src-agent") == agent_before
+
+    async def test_fork_lineage_is_listed(
+        self, checkpointer: Checkpointer, steps: KVStepStore
+    ) -> None:
+        """A fork records its source and point: fork_of, list_forks (oldest first, a fork of a
+        fork under its own source), its registration (conversation, parent, agent and metadata
+        of the source, plus forked_from and fork_point) and the run listings; deleting a fork
+        takes it off its source's list."""
+        from pydantic_ai_harness.step_persistence import RunRecord
+
+        await steps.register_run(
+            RunRecord(
+                run_id="src",
+                conversation_id="conv",
+                parent_run_id="boss",
+                agent_name="payer",
+                metadata={"team": "a"},
+            )
+        )
+        await checkpointer.append("src", model_step(0))
+        await checkpointer.append("src", model_step(1))
+        first = await checkpointer.fork_run("src", new_run_id="f1", at="000000-model")
+        second = await checkpointer.fork_run("src", new_run_id="f2")
+        nested = await checkpointer.fork_run("f1", new_run_id="f1-1")
+        assert (first.run_id, second.run_id, nested.run_id) == ("f1", "f2", "f1-1")
+        assert [f.run_id for f in await checkpointer.list_forks("src")] == ["f1", "f2"]
+        assert [f.run_id for f in await checkpointer.list_forks("f1")] == ["f1-1"]
+        lineage = await checkpointer.fork_of("f1")
+        assert lineage is not None and lineage.complete and lineage.source_run_id == "src"
+        assert lineage.point.step_id == "000000-model" and lineage.point.journal_seq == 0
+        assert await checkpointer.fork_of("src") is None
+        record = await steps.get_run(run_id="f1")
+        assert record is not None
+        assert (record.conversation_id, record.parent_run_id, record.agent_name) == (
+            "conv",
+            "boss",
+            "payer",
+        )
+        assert record.metadata == {
+            "team": "a",
+            "forked_from": "src",
+            "fork_point": "step 000000-model",
+        }
+        assert [r.run_id for r in await steps.list_runs(conversation_id="conv")] == [
+            "src",
+            "f1",
+            "f2",
+            "f1-1",
+        ]
+        listed = {r.run_id for r in await checkpointer.list_runs()}
+        assert {"src", "f1", "f2", "f1-1"} <= listed
+        assert [e.step_id for e in (await checkpointer.load("f1")).entries] == ["000000-model"]
+        assert len(await checkpointer.load("f2")) == 2
+        assert await checkpointer.delete_run("f1")
+        assert [f.run_id for f in await checkpointer.list_forks("src")] == ["f2"]
+
+    async def test_fork_errors_are_typed(
+        self, checkpointer: Checkpointer, steps: KVStepStore
+    ) -> None:
+        """Forking an unknown run raises RunNotFoundError (RUN_NOT_FOUND), an unknown snapshot
+        position or journal step ForkPointError (RUN_FORK_POINT_UNKNOWN), a taken run id
+        RunExistsError; none of them writes anything of the fork."""
+        await effect_agent(steps, []).run("pay", run_id="src")
+        await checkpointer.append("src", model_step(0))
+        await checkpointer.append("taken", model_step(0))
+        listed = [r.run_id for r in await checkpointer.list_runs()]
+        with pytest.raises(RunNotFoundError) as unknown:
+            await checkpointer.fork_run("nope", new_run_id="f")
+        assert unknown.value.code == "RUN_NOT_FOUND"
+        for at in (10_000, "000009-tool"):
+            with pytest.raises(ForkPointError) as bad_point:
+                await checkpointer.fork_run("src", new_run_id="f", at=at)
+            assert bad_point.value.code == "RUN_FORK_POINT_UNKNOWN"
+        for taken in ("taken", "src"):
+            with pytest.raises(RunExistsError):
+                await checkpointer.fork_run("src", new_run_id=taken)
+        with pytest.raises(TypeError):
+            await checkpointer.fork_run("src", at=1.5)  # type: ignore[arg-type]
+        assert [r.run_id for r in await checkpointer.list_runs()] == listed
+        assert await checkpointer.list_forks("src") == []
+        assert len(await checkpointer.load("taken")) == 1
+
+    async def test_fork_of_a_journal_at_a_step(self, checkpointer: Checkpointer) -> None:
+        """A journal forked at a step holds the source's entries through that step at the same
+        positions: Replay answers DONE with the recorded result for a done step, the fork's next
+        append lands after them; forked at a step attempted without a result, the fork is latched
+        (UncertainEffect) until a result is appended to it, and the source stays uncertain."""
+        await checkpointer.append("src", model_step(0, Phase.ATTEMPTED))
+        await checkpointer.append("src", model_step(0))
+        await checkpointer.append("src", JournalEvent.attempted("000001-tool", {"pay": 5}))
+        await checkpointer.append("src", JournalEvent.completed("000001-tool", {"paid": 5}))
+        await checkpointer.append("src", JournalEvent.attempted("000002-tool", {"pay": 7}))
+        done = await checkpointer.fork_run("src", new_run_id="done", at="000001-tool")
+        assert done.journal_entries == 4 and done.latched == ()
+        state = await checkpointer.load("done")
+        source = await checkpointer.load("src")
+        assert state.entries == source.entries[:4]
+        resolution = Replay(state).resolve("000001-tool")
+        assert resolution.state is ReplayState.DONE and resolution.entry is not None
+        assert resolution.entry.payload == {"paid": 5}
+        assert Replay(state).resolve("000002-tool").state is ReplayState.NEW
+        assert (await checkpointer.append("done", model_step(2))).seq == 4
+        uncertain = await checkpointer.fork_run("src", new_run_id="open", at="000002-tool")
+        assert uncertain.latched == ("000002-tool",)
+        with pytest.raises(UncertainEffect) as latched:
+            Replay(await checkpointer.load("open")).resolve("000002-tool")
+        assert latched.value.step_id == "000002-tool"
+        await checkpointer.append(
+            "open", JournalEvent.completed("000002-tool", outcome=Outcome.APPROVAL_DENIED)
+        )
+        decided = Replay(await checkpointer.load("open")).resolve("000002-tool")
+        assert decided.state is ReplayState.DENIED_CLOSED
+        assert (await checkpointer.load("src")).uncertain_steps() == ["000002-tool"]
+
+    async def test_fork_cut_off_is_refused_then_finished(
+        self,
+        kv_factory: KVFactory,
+        checkpointer_factory: CheckpointerFactory,
+        checkpointer: Checkpointer,
+        steps: KVStepStore,
+    ) -> None:
+        """A fork whose copy fails midway is incomplete: resuming or forking it raises
+        ForkIncompleteError (RUN_FORK_INCOMPLETE) instead of trusting a partial effect knowledge;
+        fork_run again with the same arguments finishes it (the tool still runs zero more times),
+        with other arguments it is refused."""
+        from agent_stores.checkpointer.resume import plan_resume, resume_run
+
+        effects: list[int] = []
+        agent = effect_agent(steps, effects)
+        await agent.run("pay", run_id="src")
+        numbered = await steps.numbered_snapshots(run_id="src", include_interrupted=True)
+        open_call = next(n for n, s in numbered if calls_pay(s.messages))
+        flaky = FlakyKV(kv_factory())
+        cut = checkpointer_factory(flaky)
+        flaky.fail_before.add("sp")  # the fork's snapshot pointer: everything else is copied
+        with pytest.raises(ConnectionError):
+            await cut.fork_run("src", new_run_id="f", at=open_call)
+        lineage = await checkpointer.fork_of("f")
+        assert lineage is not None and not lineage.complete
+        with pytest.raises(ForkIncompleteError) as refused:
+            await plan_resume(steps, "f")
+        assert refused.value.code == "RUN_FORK_INCOMPLETE"
+        with pytest.raises(RunExistsError):
+            await checkpointer.fork_run("src", new_run_id="f")
+        with pytest.raises(ForkIncompleteError):
+            await checkpointer.fork_run("f", new_run_id="f-of-f")  # nor is it forked
+        fork = await checkpointer.fork_run("src", new_run_id="f", at=open_call)
+        assert fork.calls[0].state is ReplayState.DONE
+        assert (await resume_run(agent, steps, "f")).output == f"paid: {PAID}"
+        assert effects == [5]
 
 
 __all__: Sequence[str] = ["CheckpointerContract", "FlakyKV"]

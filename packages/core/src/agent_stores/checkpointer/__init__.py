@@ -5,7 +5,8 @@ journal: ``append(run_id, event)`` is idempotent by ``(run_id, step_id, phase)``
 returns ``AppendResult(seq, duplicate, payload_diverged)``; ``load(run_id)`` returns the
 ordered :class:`RunState`; :class:`Replay` resolves each step on resume (done / new /
 denied-retry / denied-closed / uncertain → :class:`UncertainEffect`); a
-:class:`JournalWriter` honours each event's durability. ``checkpointer.step_store()``
+:class:`JournalWriter` honours each event's durability; ``fork_run`` starts a new run from
+a point of an old one, inheriting what it knew of its effects. ``checkpointer.step_store()``
 is a :class:`KVStepStore` implementing ``pydantic_ai_harness.step_persistence.StepStore``
 on the same backend. See ``docs/checkpointer.md``.
 """
@@ -14,7 +15,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import ReplayMismatchError, RunExistsError, UncertainEffect
+from .errors import (
+    ForkIncompleteError,
+    ForkPointError,
+    ReplayMismatchError,
+    RunExistsError,
+    RunNotFoundError,
+    UncertainEffect,
+)
+from .fork import ForkLineage, ForkPoint, RunFork
 from .journal import Checkpointer
 from .replay import Replay, ReplayState, Resolution
 from .types import (
@@ -40,6 +49,10 @@ __all__ = [
     "AppendResult",
     "Checkpointer",
     "Durability",
+    "ForkIncompleteError",
+    "ForkLineage",
+    "ForkPoint",
+    "ForkPointError",
     "JournalEntry",
     "JournalEvent",
     "JournalWriter",
@@ -51,7 +64,9 @@ __all__ = [
     "ReplayState",
     "Resolution",
     "RunExistsError",
+    "RunFork",
     "RunInfo",
+    "RunNotFoundError",
     "RunRetention",
     "RunState",
     "SynaptumCheckpointer",

@@ -46,3 +46,33 @@ class RunExistsError(AppError, ValueError):
     """
 
     default_code = ErrorCode.RUN_EXISTS
+
+
+class RunNotFoundError(AppError, LookupError):
+    """The run named does not exist (never written, deleted, or expired).
+
+    Raised where an unknown run cannot mean "nothing happened yet", as it does for
+    ``load``: forking a run that is not there would create an empty run by mistake.
+    """
+
+    default_code = ErrorCode.RUN_NOT_FOUND
+
+
+class ForkPointError(AppError, LookupError):
+    """The point a fork was asked to start from is not in the source run.
+
+    ``at=`` names a snapshot by its position (as ``runs show`` lists them) or a journal
+    step by its id; a pruned snapshot is no longer a point.
+    """
+
+    default_code = ErrorCode.RUN_FORK_POINT_UNKNOWN
+
+
+class ForkIncompleteError(AppError, RuntimeError):
+    """The run is a fork whose copy was cut off (``fork_run`` did not return).
+
+    Part of the effect knowledge may be missing, so resuming it could repeat an effect:
+    run ``fork_run`` again with the same arguments to finish it, or delete the run.
+    """
+
+    default_code = ErrorCode.RUN_FORK_INCOMPLETE

@@ -20,7 +20,9 @@ from ..kv.base import KVStore
 from ..lifecycle import KVBackedStore
 from ..options import UNSET, renamed_option
 from ..subjects import DEFAULT_SUBJECT_PREFIX, SubjectEntry
+from . import fork as _fork
 from .codec import decode_record
+from .fork import ForkLineage, RunFork
 from .port import JournalPort
 from .space import (
     DEFAULT_RUN_TTL_SECONDS,
@@ -263,12 +265,18 @@ class Checkpointer(KVBackedStore):
         """
         scope = self.space.scope(run_id)
         lineage = await self._lineage(run_id)
+        try:
+            forked = await _fork.fork_lineage(self.kv, self.space, run_id)
+        except CorruptRecordError:
+            forked = None  # an unreadable lineage must not keep the run from being erased
         removed = await self.kv.drop_scope(scope)
         conversation_id, parent_run_id = lineage
         if conversation_id is not None:
             await self.kv.delete(self.space.conversation_scope(conversation_id), run_id)
         if parent_run_id is not None:
             await self.kv.delete(self.space.parent_scope(parent_run_id), run_id)
+        if forked is not None:
+            await self.kv.delete(self.space.forks_scope(forked.source_run_id), run_id)
         indexed = await self.kv.delete(self.space.runs_scope, run_id)
         self.space.forget(run_id)
         if self._step_store is not None:
@@ -289,6 +297,8 @@ class Checkpointer(KVBackedStore):
         await self.space.subjects.record(
             subject, SubjectEntry("run", self.space.scope_prefix, run_id)
         )
+        # Also in the run itself, so a fork of it inherits the subject.
+        await _fork.mark_subject(self.kv, self.space, run_id, subject)
 
     @telemetry.traced("journal.keep_latest_runs")
     async def keep_latest_runs(self, keep: int, *, conversation_prefix: str = "") -> RunRetention:
@@ -322,6 +332,43 @@ class Checkpointer(KVBackedStore):
                 removed.append(run_id)
         kept = sum(min(len(listed), keep) for listed in runs.values())
         return RunRetention(tuple(removed), len(runs), kept)
+
+    # -- forks ----------------------------------------------------------------------------
+
+    @telemetry.traced("journal.fork_run")
+    async def fork_run(
+        self, run_id: str, *, new_run_id: str | None = None, at: int | str | None = None
+    ) -> RunFork:
+        """Start a new run from a point of ``run_id``, inheriting its effect knowledge.
+
+        ``at`` is a snapshot position (as :meth:`KVStepStore.numbered_snapshots` and
+        ``agent-stores runs URL show`` list them), a journal step id (the journal through
+        that step's last entry), or None: the latest point (the newest snapshot,
+        interrupted ones included, and the whole journal). ``new_run_id`` defaults to
+        ``<run_id>.fork-<random>``. The fork holds the source's journal entries, snapshots,
+        and the effect records and stored results of every tool call in its histories, so
+        resuming it (``resume_run``, ``Replay``) replays done calls and stays latched on an
+        uncertain one until someone decides, by the same rules as the source. Its lineage
+        is recorded (:meth:`fork_of`, :meth:`list_forks`, the registration's metadata
+        ``forked_from`` / ``fork_point``), and so are the source's subject, conversation
+        and parent. The source is only read.
+
+        Raises :class:`RunNotFoundError` for an unknown source,
+        :class:`ForkPointError` for a point it does not have, :class:`RunExistsError` when
+        ``new_run_id`` is taken, ``SubjectErasingError`` while the source's subject is
+        being erased. Cut off midway, the fork is incomplete (``resume_run`` refuses it):
+        call again with the same arguments to finish it.
+        """
+        return await _fork.fork_run(self, run_id, new_run_id=new_run_id, at=at)
+
+    async def fork_of(self, run_id: str) -> ForkLineage | None:
+        """Where ``run_id`` was forked from, or None when it is not a fork."""
+        return await _fork.fork_lineage(self.kv, self.space, run_id)
+
+    @telemetry.traced("journal.list_forks")
+    async def list_forks(self, run_id: str) -> list[ForkLineage]:
+        """The forks of ``run_id``, oldest first (incomplete ones included, flagged)."""
+        return await _fork.list_forks(self.kv, self.space, run_id)
 
     async def _lineage(self, run_id: str) -> tuple[str | None, str | None]:
         """``(conversation_id, parent_run_id)`` of a registered run (read without the harness)."""

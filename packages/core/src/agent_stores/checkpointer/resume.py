@@ -18,13 +18,17 @@ module closes the gap in two parts:
   is run again; any other raises :class:`~.errors.UncertainEffect` until the caller
   decides (``decisions={tool_call_id: "retry" | "deny" | <the result to use>}``).
   :func:`resume_run` does both and runs the agent on, under a new run id.
+
+What the store knows of each open call is read by one function, :func:`effect_knowledge`,
+which a fork (:meth:`~agent_stores.checkpointer.Checkpointer.fork_run`) reads too: a fork
+of a run is resumed by the same rules as the run itself.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.capabilities import AbstractCapability
@@ -32,16 +36,18 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
     ModelRequest,
+    ModelRequestPart,
     ModelResponse,
     ToolCallPart,
     ToolReturnPart,
 )
 from pydantic_ai.tools import RunContext, ToolDefinition
-from pydantic_ai_harness.step_persistence import StepPersistence
+from pydantic_ai_harness.step_persistence import StepPersistence, ToolEffectRecord
 
 from ..errors import ConflictError, CorruptRecordError, UnsupportedError
 from .codec import decode_record
-from .errors import UncertainEffect
+from .errors import ForkIncompleteError, UncertainEffect
+from .fork import fork_lineage
 from .replay import ReplayState
 
 if TYPE_CHECKING:
@@ -151,6 +157,8 @@ class ResumedCall:
     state: ReplayState
     result: ToolReturnPart | None = None
     """The return handed to the model (done / denied), None when the tool runs."""
+    effect: ToolEffectRecord | None = None
+    """The call's effect record, when one is stored."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +175,85 @@ class ResumePlan:
         return tuple(c for c in self.calls if c.result is None)
 
 
+@dataclass(frozen=True, slots=True)
+class Frontier:
+    """The tool calls of a history's last model response and the answers that follow it."""
+
+    index: int
+    """Position of the last ``ModelResponse`` in the history."""
+    calls: tuple[ToolCallPart, ...]
+    """Its tool calls, in order."""
+    answered: dict[str, ModelRequestPart]
+    """Returns already in the history after it, by tool call id."""
+    others: tuple[ModelRequestPart, ...] = ()
+    """Parts after it that answer none of its calls (returns synthesized for an
+    interrupted call are dropped: the call is open)."""
+
+    @property
+    def open(self) -> tuple[ToolCallPart, ...]:
+        """Calls without an answer: what the run would execute next."""
+        return tuple(c for c in self.calls if c.tool_call_id not in self.answered)
+
+
+def frontier(messages: Sequence[ModelMessage]) -> Frontier | None:
+    """The tool calls of the last model response and what answers them, or None when the
+    history holds no model response.
+
+    Besides a history ending in the response itself (a frontier snapshot), a run that
+    failed inside a tool cycle leaves the response followed by a request holding the
+    returns captured before the failure, often none: its calls without a return are open.
+    A return with outcome ``interrupted`` (synthesized by a history repair: no result was
+    produced, the effect may have happened) answers nothing.
+    """
+    index = next(
+        (i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], ModelResponse)),
+        None,
+    )
+    if index is None:
+        return None
+    response = messages[index]
+    assert isinstance(response, ModelResponse)
+    calls = {c.tool_call_id for c in response.tool_calls}
+    answered: dict[str, ModelRequestPart] = {}
+    others: list[ModelRequestPart] = []
+    for message in messages[index + 1 :]:
+        assert isinstance(message, ModelRequest)  # the last response is at ``index``
+        for part in message.parts:
+            if isinstance(part, ToolReturnPart) and part.tool_call_id in calls:
+                if part.outcome != "interrupted":
+                    answered[part.tool_call_id] = part
+            else:
+                others.append(part)
+    return Frontier(index, tuple(response.tool_calls), answered, tuple(others))
+
+
+async def effect_knowledge(
+    store: KVStepStore, run_id: str, calls: Sequence[ToolCallPart]
+) -> tuple[ResumedCall, ...]:
+    """What ``run_id``'s store knows of each call's effect, deciding nothing.
+
+    ``DONE`` (a result is stored: it is the ``result``), ``NEW`` (no effect recorded: the
+    tool never started), ``DENIED_RETRY`` (the tool failed: nothing to protect) or
+    ``UNCERTAIN`` (started, or completed while its result was never stored: it may have
+    had its effect). :func:`plan_resume` and a fork's report read it; one function, so a
+    fork is judged by exactly the rules a resume applies.
+    """
+    out: list[ResumedCall] = []
+    for call in calls:
+        ident, name = call.tool_call_id, call.tool_name
+        stored = await load_tool_result(store, run_id, ident)
+        effect = await store.get_tool_effect(run_id=run_id, tool_call_id=ident)
+        if stored is not None:
+            out.append(ResumedCall(ident, name, ReplayState.DONE, stored, effect))
+        elif effect is None:
+            out.append(ResumedCall(ident, name, ReplayState.NEW))
+        elif effect.status == "failed":
+            out.append(ResumedCall(ident, name, ReplayState.DENIED_RETRY, None, effect))
+        else:
+            out.append(ResumedCall(ident, name, ReplayState.UNCERTAIN, None, effect))
+    return tuple(out)
+
+
 async def plan_resume(
     store: KVStepStore,
     run_id: str,
@@ -180,8 +267,15 @@ async def plan_resume(
     ``decisions`` maps tool call ids to ``RETRY``, ``DENY`` or a result to use. Raises
     ``LookupError`` when the run left no snapshot at all (it stopped before its first
     model request: nothing happened, start it again), :class:`UncertainEffect` for an
-    undecided uncertain call.
+    undecided uncertain call, :class:`ForkIncompleteError` for a fork whose copy was cut
+    off.
     """
+    lineage = await fork_lineage(store.kv, store.space, run_id)
+    if lineage is not None and not lineage.complete:
+        raise ForkIncompleteError(
+            detail=f"run {run_id!r} is a fork of {lineage.source_run_id!r} whose copy did not "
+            "finish: run fork_run again with the same arguments, or delete it"
+        )
     snapshot = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
     if snapshot is None:
         raise LookupError(
@@ -189,55 +283,51 @@ async def plan_resume(
             f"(was it run with resumable(store)?); start it again"
         )
     messages = list(snapshot.messages)
-    last = messages[-1] if messages else None
-    if not isinstance(last, ModelResponse) or not last.tool_calls:
+    at = frontier(messages)
+    if at is None or not at.open:
         return ResumePlan(run_id, messages)
     decisions = decisions or {}
-    calls: list[ResumedCall] = []
-    for call in last.tool_calls:
-        calls.append(await _resolve(store, run_id, call, idempotent, decisions))
-    resolved = [c.result for c in calls if c.result is not None]
-    if not resolved:
-        return ResumePlan(run_id, messages, tuple(calls))  # the run executes every call
+    known = await effect_knowledge(store, run_id, at.open)
+    calls = tuple(_decide(run_id, k, idempotent, decisions) for k in known)
+    settled = messages[: at.index + 1]
+    resolved = {c.tool_call_id: c.result for c in calls if c.result is not None}
+    if not resolved and not at.answered and not at.others:
+        return ResumePlan(run_id, settled, calls)  # the run executes every call
     if len(resolved) < len(calls):
         raise UnsupportedError(
             detail=f"run {run_id!r}: calls {[c.tool_call_id for c in calls if c.result is None]} "
             f"must run while others of the same response are done; decide them (RETRY is not "
             f"possible here) or resolve them with a result"
         )
-    return ResumePlan(run_id, [*messages, ModelRequest(parts=resolved)], tuple(calls))
+    answers = {**at.answered, **resolved}
+    parts = [*at.others, *(answers[c.tool_call_id] for c in at.calls)]
+    return ResumePlan(run_id, [*settled, ModelRequest(parts=parts)], calls)
 
 
-async def _resolve(
-    store: KVStepStore,
-    run_id: str,
-    call: ToolCallPart,
-    idempotent: Collection[str],
-    decisions: Mapping[str, Any],
+def _decide(
+    run_id: str, known: ResumedCall, idempotent: Collection[str], decisions: Mapping[str, Any]
 ) -> ResumedCall:
-    stored = await load_tool_result(store, run_id, call.tool_call_id)
-    if stored is not None:
-        return ResumedCall(call.tool_call_id, call.tool_name, ReplayState.DONE, stored)
-    decision = decisions.get(call.tool_call_id)
+    """Apply the caller's rules to what the store knows of one call."""
+    if known.state is ReplayState.DONE:
+        return known
+    ident, name = known.tool_call_id, known.tool_name
+    decision = decisions.get(ident)
     if isinstance(decision, str) and decision == DENY:
-        refusal = ToolReturnPart(call.tool_name, _DENIED, tool_call_id=call.tool_call_id)
-        return ResumedCall(call.tool_call_id, call.tool_name, ReplayState.DENIED_CLOSED, refusal)
-    effect = await store.get_tool_effect(run_id=run_id, tool_call_id=call.tool_call_id)
-    if effect is None:
-        return ResumedCall(call.tool_call_id, call.tool_name, ReplayState.NEW)
-    if effect.status == "failed":
-        return ResumedCall(call.tool_call_id, call.tool_name, ReplayState.DENIED_RETRY)
-    # Started, or completed while its result was never stored: it may have had its effect.
-    if call.tool_name in idempotent or (isinstance(decision, str) and decision == RETRY):
-        return ResumedCall(call.tool_call_id, call.tool_name, ReplayState.NEW)
-    if call.tool_call_id in decisions:
-        part = ToolReturnPart(call.tool_name, decision, tool_call_id=call.tool_call_id)
-        return ResumedCall(call.tool_call_id, call.tool_name, ReplayState.DONE, part)
+        refusal = ToolReturnPart(name, _DENIED, tool_call_id=ident)
+        return replace(known, state=ReplayState.DENIED_CLOSED, result=refusal)
+    if known.state is not ReplayState.UNCERTAIN:
+        return known
+    if name in idempotent or (isinstance(decision, str) and decision == RETRY):
+        return replace(known, state=ReplayState.NEW)
+    if ident in decisions:
+        part = ToolReturnPart(name, decision, tool_call_id=ident)
+        return replace(known, state=ReplayState.DONE, result=part)
+    status = known.effect.status if known.effect is not None else "started"
     raise UncertainEffect(
-        call.tool_call_id,
-        detail=f"tool {call.tool_name!r} of run {run_id!r} was {effect.status} without a stored "
-        f"result; decide it with decisions={{{call.tool_call_id!r}: 'retry' | 'deny' | result}}",
-        intent=effect,
+        ident,
+        detail=f"tool {name!r} of run {run_id!r} was {status} without a stored "
+        f"result; decide it with decisions={{{ident!r}: 'retry' | 'deny' | result}}",
+        intent=known.effect,
     )
 
 

@@ -6,12 +6,15 @@ Scopes (``P`` is the scope prefix, ``cp/`` by default):
   ``head/<log>`` position counters, ``j/<step_id>/<phase>`` journal entries,
   ``ev/…`` step events, ``sn/…`` snapshots and ``sp`` their pointer, ``m/<sha256>``
   snapshot messages (each stored once per run), ``t/<tool_call_id>`` tool effects,
-  ``run`` the harness run record, ``x/<sha256>/<n>`` chunks of large records.
+  ``run`` the harness run record, ``x/<sha256>/<n>`` chunks of large records,
+  ``fork`` the lineage of a fork, ``subject/<sha256>`` the subjects it is bound to.
 * ``Pruns`` — one entry per run (key = run id), written at a run's first write; it
   anchors the run's TTL and makes runs listable without scanning scopes.
 * ``Pconv/<conversation_id>`` and ``Pparent/<parent_run_id>`` — lineage indexes,
   written before the run record; readers verify against the run record, so a dangling
   entry (a crash in between, a deleted run) is skipped, never trusted.
+* ``Pforks/<source_run_id>`` — the forks of a run (key = the fork's id); readers verify
+  against the fork's own ``fork`` record.
 
 Logs (the journal, step events, snapshots) share one algorithm: an entry is *created*
 under its idempotency key, so a duplicate is a conflict that is read back and compared,
@@ -48,7 +51,7 @@ _BATCH = 100
 #: Concurrent writes when storing chunks or messages.
 _WRITE_CONCURRENCY = 16
 #: Give up a CAS loop after this many lost races (something is badly wrong by then).
-_MAX_ATTEMPTS = 500
+MAX_ATTEMPTS = 500
 #: Seconds after which a run's index entry is checked again when one of its logs starts.
 _ANCHOR_RECHECK = 5.0
 #: Per-run cache entries kept per store instance.
@@ -188,6 +191,10 @@ class RunSpace:
         """The lineage index of a parent run (long ids hashed; readers verify records)."""
         return f"{self.scope_prefix}parent/{_short(parent_run_id)}"
 
+    def forks_scope(self, source_run_id: str) -> str:
+        """The lineage index of the forks of a run (long ids hashed; readers verify records)."""
+        return f"{self.scope_prefix}forks/{_short(source_run_id)}"
+
     def forget(self, run_id: str) -> None:
         """Drop every cached fact about ``run_id`` (after deleting it)."""
         self._anchors.pop(run_id)
@@ -218,7 +225,7 @@ class RunSpace:
     async def _anchor(self, run_id: str, now: float) -> float:
         self.scope(run_id)  # validates the id before anything is written
         value = canonical({"created_at": now})
-        for attempt in range(_MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             try:
                 await self.kv.create(self.runs_scope, run_id, value, ttl=self.ttl)
                 expires = now + self.ttl if self.ttl is not None else float("inf")
@@ -258,7 +265,7 @@ class RunSpace:
             # A log that starts long after this process indexed the run is re-indexed: the
             # run may have been deleted meanwhile (by another process), and must stay listed.
             stale = anchor is not None and time.monotonic() - anchor[1] > _ANCHOR_RECHECK
-            for attempt in range(_MAX_ATTEMPTS):
+            for attempt in range(MAX_ATTEMPTS):
                 ttl = await self.write_ttl(run_id)
                 cached = self._heads.get((run_id, log))
                 if cached is None:
@@ -294,7 +301,48 @@ class RunSpace:
                 self._heads.set((run_id, log), (first + count, new_version))
                 return first
         raise ConflictError(  # pragma: no cover - needs hundreds of lost races in a row
-            detail=f"could not allocate a position in run {run_id!r} after {_MAX_ATTEMPTS} attempts",
+            detail=f"could not allocate a position in run {run_id!r} after {MAX_ATTEMPTS} attempts",
+            scope=scope,
+            key=head_key,
+        )
+
+    async def ensure_next(self, run_id: str, log: str, position: int) -> None:
+        """Move ``log``'s counter up to ``position`` unless it is there already (never back).
+
+        For entries written at positions of their own (a fork copies its source's journal
+        at the source's positions): every later append lands after them.
+        """
+        scope = self.scope(run_id)
+        head_key = f"head/{log}"
+        async with self._lock(run_id, log):
+            for attempt in range(MAX_ATTEMPTS):
+                ttl = await self.write_ttl(run_id)
+                entry = await self.kv.get(scope, head_key)
+                try:
+                    if entry is None:
+                        version = await self.kv.create(
+                            scope, head_key, _head_value(position), ttl=ttl
+                        )
+                    else:
+                        current = self._decode_head(entry, scope)
+                        if current >= position:
+                            self._heads.set((run_id, log), (current, entry.version))
+                            return
+                        version = await self.kv.replace(
+                            scope,
+                            head_key,
+                            _head_value(position),
+                            expected_version=entry.version,
+                            ttl=ttl,
+                        )
+                except ConflictError:
+                    self._heads.pop((run_id, log))
+                    await backoff(attempt)
+                    continue
+                self._heads.set((run_id, log), (position, version))
+                return
+        raise ConflictError(  # pragma: no cover - needs hundreds of lost races in a row
+            detail=f"could not move the {log!r} counter of run {run_id!r}",
             scope=scope,
             key=head_key,
         )
@@ -325,7 +373,7 @@ class RunSpace:
         async with self._lock(run_id, log):
             anchor = self._anchors.get(run_id)
             stale = anchor is not None and time.monotonic() - anchor[1] > _ANCHOR_RECHECK
-            for attempt in range(_MAX_ATTEMPTS):
+            for attempt in range(MAX_ATTEMPTS):
                 ttl = await self.write_ttl(run_id)
                 cached = self._heads.get((run_id, log))
                 version: str | None
@@ -500,7 +548,7 @@ class RunSpace:
         scope = self.scope(run_id)
         ttl = await self.write_ttl(run_id)
         value = await self.pack(run_id, record, keep, ttl)
-        for attempt in range(_MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             try:
                 version = await self.kv.create(scope, key, value, ttl=ttl)
                 return Created(True, record, version)

@@ -46,10 +46,10 @@ from .port import JournalPort
 from .space import (
     _BATCH,
     _CACHE_RUNS,
-    _MAX_ATTEMPTS,
     DEFAULT_RUN_TTL_SECONDS,
     DEFAULT_SCOPE_PREFIX,
     LRU,
+    MAX_ATTEMPTS,
     RunSpace,
     backoff,
     bounded_gather,
@@ -297,7 +297,7 @@ class KVStepStore(KVBackedStore):
             except ConflictError:
                 pass
         value = canonical({"v": 1, "record": data})
-        for attempt in range(_MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             try:
                 await self.kv.create(scope, _RUN, value, ttl=ttl)
                 return
@@ -501,7 +501,7 @@ class KVStepStore(KVBackedStore):
     async def _advance_pointer(self, run_id: str, seq: int, ident: str, state: str) -> None:
         """Point the run's ``sp`` pointer at snapshot ``seq`` where it is newer, by CAS;
         then prune the snapshots the retention bound no longer keeps."""
-        for attempt in range(_MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             pointer, version = await self._known_pointer(run_id)
             new, dropped = self._advanced(pointer, seq, ident, state)
             if new == pointer and version is not None:
@@ -644,6 +644,20 @@ class KVStepStore(KVBackedStore):
         Not part of the ``StepStore`` protocol: the ``conversation_search`` capability reads
         it. A snapshot that cannot be decoded is skipped and logged.
         """
+        numbered = await self.numbered_snapshots(
+            run_id=run_id, include_interrupted=include_interrupted
+        )
+        return [snapshot for _, snapshot in numbered]
+
+    @telemetry.traced("steps.numbered_snapshots")
+    async def numbered_snapshots(
+        self, *, run_id: str, include_interrupted: bool = False
+    ) -> list[tuple[int, ContinuableSnapshot]]:
+        """:meth:`list_snapshots` with each snapshot's position in the run's snapshot log.
+
+        A position never changes and is never reused, so it names a point of the run
+        (``Checkpointer.fork_run(run_id, at=position)``); pruning leaves gaps.
+        """
         pointer, _ = await self._read_pointer(run_id)
         live = pointer.get("live")
         live_seqs = {int(item[0]) for item in live} if live is not None else None
@@ -665,10 +679,10 @@ class KVStepStore(KVBackedStore):
                 continue
             candidates.append((seq, record))
         candidates.sort(key=lambda pair: pair[0])
-        out: list[ContinuableSnapshot] = []
-        for _, record in candidates:
+        out: list[tuple[int, ContinuableSnapshot]] = []
+        for seq, record in candidates:
             try:
-                out.append(await self._snapshot_from(run_id, record))
+                out.append((seq, await self._snapshot_from(run_id, record)))
             except Exception:
                 _logger.warning("skipping unparsable snapshot of run %r", run_id, exc_info=True)
         return out
@@ -684,7 +698,7 @@ class KVStepStore(KVBackedStore):
         cache_key = (run_id, record.tool_call_id)
         ttl = await self.space.write_ttl(run_id)
         value = await self.space.pack(run_id, {"v": 1, "effect": effect_to_dict(record)}, (), ttl)
-        for attempt in range(_MAX_ATTEMPTS):
+        for attempt in range(MAX_ATTEMPTS):
             version = self._effect_versions.get(cache_key)
             try:
                 if version is None:
