@@ -139,6 +139,9 @@ T = TypeVar("T")
 #: Passes of ``erase_owner`` over the owner's index (each finds what turns added meanwhile).
 _ERASE_PASSES = 5
 
+#: Branch and pin records read in one request before deleting chunks (more: a paged walk).
+_REF_PAGE = 100
+
 #: Tries of a fork whose source keeps dropping the chunks it pinned (turns merging them).
 _FORK_ATTEMPTS = 8
 
@@ -805,7 +808,15 @@ class KVSessionStorage:
         then the state, then deletes the branch it restored: whichever moment this lands
         on, one of the reads sees the chunks it brings back.
         """
-        protected = protected_keys(scope, await self._ref_records(session_id, scope, REF_PREFIX))
+        # Most sessions have no branch and were never forked: one page answers, without the
+        # paging walk (this runs after every turn that merged chunks away).
+        page = await self.kv.scan(scope, prefix=REF_PREFIX, limit=_REF_PAGE)
+        records = (
+            [(i.key, i.entry.value) for i in page if i.entry is not None]
+            if len(page) < _REF_PAGE
+            else await self._ref_records(session_id, scope, REF_PREFIX)
+        )
+        protected = protected_keys(scope, records)
         if check_state:
             entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
             if entry is not None:
@@ -817,13 +828,7 @@ class KVSessionStorage:
         doomed = [r for r in refs if r.key not in protected]
         for ref in doomed:
             self.cache.discard(scope, ref.key)
-        await asyncio.gather(
-            *(
-                self._call(session_id, self.kv.delete(scope, k))
-                for r in doomed
-                for k in r.part_keys()
-            )
-        )
+        await asyncio.gather(*(self.kv.delete(scope, k) for r in doomed for k in r.part_keys()))
 
     async def _update_pins(
         self, session_id: str, scope: str, homes: set[str], refs: Sequence[ChunkRef]
