@@ -173,15 +173,32 @@ async def measure_all(target: Target, sizes: tuple[int, ...]) -> dict[int, dict[
             rows[n], filled = await measure(target, n, filled)
             print(f"{target.name} {n}: {rows[n]}", flush=True)
     finally:
-        kv = open_kv(target.url)
-        try:
-            for scope in [s async for s in kv.iter_scopes()]:
-                await kv.drop_scope(scope)
-        except Exception as exc:  # the rows stand; what is left is under a fresh prefix
-            print(f"{target.name}: could not clean up {target.name} ({exc})", file=sys.stderr)
-        finally:
-            await kv.aclose()
+        await drop_everything(target)
     return rows
+
+
+async def drop_everything(target: Target) -> None:
+    """Drop every scope under the target's fresh prefix (its own table on PostgreSQL)."""
+    kv = open_kv(target.url)
+    try:
+        for scope in [s async for s in kv.iter_scopes()]:
+            await kv.drop_scope(scope)
+    except Exception as exc:  # the rows stand; what is left is under a fresh prefix
+        print(f"{target.name}: could not clean up ({exc})", file=sys.stderr)
+    finally:
+        await kv.aclose()
+
+
+def backend_urls(folder: str, database: str) -> dict[str, str]:
+    """SQLite in ``folder``, and every server whose ``AGENT_STORES_BENCH_<NAME>`` is set."""
+    urls = {"sqlite": f"sqlite:///{folder}/{database}"}
+    for name in ("redis", "postgres", *CLOUDS):
+        url = os.environ.get(f"AGENT_STORES_BENCH_{name.upper()}")
+        if url:
+            urls[name] = url
+        else:
+            print(f"{name}: AGENT_STORES_BENCH_{name.upper()} not set, skipped", file=sys.stderr)
+    return urls
 
 
 def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
@@ -230,16 +247,7 @@ def main() -> None:
     sizes = (200, 1000) if args.quick else (1000, 10000)
     results: dict[str, dict[int, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        urls = {"sqlite": f"sqlite:///{tmp}/catalog.db"}
-        for name in ("redis", "postgres", *CLOUDS):
-            url = os.environ.get(f"AGENT_STORES_BENCH_{name.upper()}")
-            if url:
-                urls[name] = url
-            else:
-                print(
-                    f"{name}: AGENT_STORES_BENCH_{name.upper()} not set, skipped", file=sys.stderr
-                )
-        for name, url in urls.items():
+        for name, url in backend_urls(tmp, "catalog.db").items():
             if args.only and name not in args.only:
                 continue
             results[name] = asyncio.run(measure_all(Target(name, url), sizes))
