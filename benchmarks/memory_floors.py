@@ -144,7 +144,7 @@ class PostgresMemoryFloor:
 #: agent-stores' SQLite table (``agent_stores.backends.sqlite``), in the floor's own file
 _SQLITE_TABLE = (
     "CREATE TABLE kv (scope TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, "
-    "version TEXT NOT NULL, expires_at REAL, PRIMARY KEY (scope, key)) WITHOUT ROWID"
+    "version TEXT NOT NULL, expires_at REAL, PRIMARY KEY (scope, key))"
 )
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
 

@@ -117,3 +117,59 @@ async def test_many_clients_opening_a_new_file_at_once(tmp_path: Path) -> None:
         finally:
             for store in stores:
                 await store.aclose()
+
+
+_FIRST_LAYOUT = """
+CREATE TABLE agent_stores_kv (
+    scope      TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      BLOB NOT NULL,
+    version    TEXT NOT NULL,
+    expires_at REAL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE INDEX agent_stores_kv_expiry ON agent_stores_kv (expires_at)
+    WHERE expires_at IS NOT NULL;
+"""
+
+
+def _table_sql(db: Path) -> str:
+    with sqlite3.connect(db) as conn:
+        row = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'agent_stores_kv'"
+        ).fetchone()
+    return str(row[0])
+
+
+@pytest.mark.parametrize("auto_setup", [True, False])
+async def test_a_file_of_the_first_layout_is_moved_to_the_rowid_layout_once(
+    tmp_path: Path, auto_setup: bool
+) -> None:
+    """Files written before the rowid layout (WITHOUT ROWID: a lookup beside a large value
+    read that whole value) are moved on first open, every entry kept, expiry index too."""
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as conn:
+        conn.executescript(_FIRST_LAYOUT)
+        conn.executemany(
+            "INSERT INTO agent_stores_kv VALUES (?, ?, ?, ?, ?)",
+            [("s", "a", b"x" * 5_000_000, "v1", None), ("s", "b", b"small", "v2", 4e9)],
+        )
+    kv = open_kv(f"sqlite:///{db}?auto_setup={str(auto_setup).lower()}")
+    try:
+        assert (await kv.get("s", "b")) is not None
+        entries = {item.key: item.entry for item in await kv.scan("s")}
+        assert entries["a"] is not None and entries["a"].value == b"x" * 5_000_000
+        assert entries["b"] is not None
+        assert (entries["b"].version, entries["b"].expires_at) == ("v2", 4e9)
+        assert await kv.replace("s", "b", b"new", expected_version="v2")
+    finally:
+        await kv.aclose()
+    assert "WITHOUT ROWID" not in _table_sql(db).upper()
+    with sqlite3.connect(db) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert "agent_stores_kv_expiry" in names and "agent_stores_kv_upgrading" not in names
+    again = open_kv(f"sqlite:///{db}")
+    try:
+        assert len(await again.scan("s")) == 2
+    finally:
+        await again.aclose()

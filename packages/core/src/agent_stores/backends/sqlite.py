@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import random
 import sqlite3
@@ -72,6 +73,12 @@ URL_OPTIONS = URLOptions(
     ),
 )
 
+# A rowid table, its (scope, key) key in an index of its own: values are up to many MB
+# (history chunks, memory files), and in a WITHOUT ROWID table a value is part of the key
+# record, so a lookup that compares against a large record on its way down the B-tree
+# reads that whole record first (about 1.3 ms per statement beside a 5 MB chunk, measured).
+log = logging.getLogger("agent_stores.sqlite")
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS agent_stores_kv (
     scope      TEXT NOT NULL,
@@ -80,10 +87,20 @@ CREATE TABLE IF NOT EXISTS agent_stores_kv (
     version    TEXT NOT NULL,
     expires_at REAL,
     PRIMARY KEY (scope, key)
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS agent_stores_kv_expiry ON agent_stores_kv (expires_at)
     WHERE expires_at IS NOT NULL;
 """
+
+#: Moves a table of the first layout (WITHOUT ROWID) to the one above, in one transaction.
+_UPGRADE = (
+    "ALTER TABLE agent_stores_kv RENAME TO agent_stores_kv_upgrading",
+    "DROP INDEX IF EXISTS agent_stores_kv_expiry",
+    *[s for s in _SCHEMA.split(";") if s.strip()],
+    "INSERT INTO agent_stores_kv (scope, key, value, version, expires_at) "
+    "SELECT scope, key, value, version, expires_at FROM agent_stores_kv_upgrading",
+    "DROP TABLE agent_stores_kv_upgrading",
+)
 
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
 
@@ -245,6 +262,7 @@ class SQLiteKV(KVStore):
         conn.execute("PRAGMA synchronous = NORMAL")
         if create:
             self._create_schema(conn)
+        self._upgrade_layout(conn)
 
     @staticmethod
     def _create_schema(conn: sqlite3.Connection) -> None:
@@ -253,6 +271,29 @@ class SQLiteKV(KVStore):
         try:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
+                    conn.execute(statement)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _first_layout(conn: sqlite3.Connection) -> bool:
+        row = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'agent_stores_kv'"
+        ).fetchone()
+        return row is not None and "WITHOUT ROWID" in str(row[0]).upper()
+
+    def _upgrade_layout(self, conn: sqlite3.Connection) -> None:
+        """Move a file written by an earlier version to the current table layout, once:
+        under the write lock, checked again there (another process may have done it)."""
+        if not self._first_layout(conn):
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if self._first_layout(conn):
+                log.info("%s: moving the table to the rowid layout (once)", self.describe())
+                for statement in _UPGRADE:
                     conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
