@@ -124,6 +124,7 @@ def test_cli_forks_rewinds_lists_and_restores(tmp_path: Path) -> None:
 
     assert "forked chat into alt: 8 messages" in run("fork", "chat", "alt", "--at-turn", "2")
     assert "forked from  chat (its first 8 messages)" in run("show", "alt")
+    assert "forked from chat" in run("list", "--prefix", "alt")
     report = json.loads(run("fork", "chat", "all", "--json"))
     assert report["message_count"] == 12 and not report["copied"]
     assert "rewound chat to turn 1" in run("rewind", "chat", "1")

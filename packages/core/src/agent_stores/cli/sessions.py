@@ -144,9 +144,10 @@ async def list_sessions(
             state = f"RECOVERY ({len(info.pending_effects)} pending)"
         else:
             state = _lease(info, now)
+        lineage = "" if info.forked_from is None else f"\tforked from {info.forked_from}"
         click.echo(
             f"{info.session_id}\t{info.message_count} messages\t{state}\t"
-            f"updated {_when(info.updated_at)}"
+            f"updated {_when(info.updated_at)}{lineage}"
         )
 
 
