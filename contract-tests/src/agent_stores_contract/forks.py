@@ -1,3 +1,6 @@
+# The exception under test comes out of the ``async with store.turn()`` block itself,
+# so pytest.raises must enclose the whole block.
+# ruff: noqa: PT012
 """The fork and rewind contract: sessions branch without copying, and nothing shared is lost.
 
 Part of :class:`~agent_stores_contract.sessions.SessionContract` (every backend that runs
@@ -25,11 +28,13 @@ from agent_stores.erasure import erase_subject
 from agent_stores.kv import KVStore
 from agent_stores.sessions import (
     BranchNotFoundError,
+    RecoveryRequiredError,
     SessionBusyError,
     SessionExistsError,
     SessionNotFoundError,
     SessionStore,
 )
+from pydantic_ai.messages import ModelResponse, ToolCallPart
 
 from .base import ContractBase
 from .catalog import raw_entries
@@ -103,6 +108,35 @@ class ForkBehaviours(ContractBase):
         with pytest.raises(ValueError, match="past the end"):
             await store.fork(sid, f"{ns}:x", at_turn=99)
         assert await store.inspect(f"{ns}:x") is None
+
+    async def test_a_fork_keeps_the_latch_of_the_effects_it_holds(
+        self, sessions_factory: SessionsFactory, ns: str
+    ) -> None:
+        """A latched session (an effect call marked, its result never saved) forked whole,
+        or from a turn after that call, is latched too — the effect may have happened in
+        the world whichever session goes on; a fork from before the call is not."""
+        store = await sessions_factory()
+        sid = f"{ns}:latched"
+        await talk(store, sid, ["a"])
+        call = ModelResponse(parts=[ToolCallPart("charge_card", {"amount": 1}, "call-1")])
+        with pytest.raises(RuntimeError):
+            async with store.turn(sid) as session:
+                await session.checkpoint([*session.messages, *pair("pay", 0)[:1], call])
+                await session.mark_effects([("charge_card", "call-1")])
+                raise RuntimeError("the process dies inside the tool")
+        await store.fork(sid, f"{ns}:whole")
+        await store.fork(sid, f"{ns}:after", at_turn=2)
+        await store.fork(sid, f"{ns}:before", at_turn=1)
+        for name in ("whole", "after"):
+            info = await store.inspect(f"{ns}:{name}")
+            assert info is not None and [c.tool_call_id for c in info.pending_effects] == [
+                "call-1"
+            ], name
+            with pytest.raises(RecoveryRequiredError):
+                async with store.turn(f"{ns}:{name}"):
+                    pass
+        async with store.turn(f"{ns}:before") as session:
+            assert texts(session.messages) == texts(pair("a", 120))
 
     async def test_fork_during_another_process_turn_takes_committed_state_only(
         self, kv: KVStore, sessions_factory: SessionsFactory, store_url: str, ns: str

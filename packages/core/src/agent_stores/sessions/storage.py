@@ -2228,6 +2228,7 @@ class KVSessionStorage:
                 f"session {source_id!r} changed too often to be forked", session_id=source_id
             )
         lineage = lineage_doc(source_id, count, at_turn, now)
+        recovery = await self._inherited_latch(source_id, source, header, tail, count)
         written = sum(len(p) for w in plan.writes for p in w.parts)
         try:
             await asyncio.gather(
@@ -2243,6 +2244,8 @@ class KVSessionStorage:
             fresh = StateHeader(
                 chunks=tuple(plan.chunks),
                 tail_count=plan.tail_count,
+                recovery=recovery,
+                recovery_since=header.recovery_since if recovery else None,
                 created_at=now,
                 updated_at=now,
                 lineage=lineage,
@@ -2275,6 +2278,27 @@ class KVSessionStorage:
             copied=not share,
             bytes_written=written,
         )
+
+    async def _inherited_latch(
+        self, session_id: str, scope: str, header: StateHeader, tail: bytes, count: int
+    ) -> tuple[EffectCall, ...]:
+        """The source's latched effect calls a fork of its first ``count`` messages keeps:
+        an effect that may have happened did so in the world, whichever session goes on
+        from there (all of them when the fork takes the whole history, else those called
+        within the part it takes)."""
+        if not header.recovery or count >= header.message_count:
+            return header.recovery
+        from pydantic_ai.messages import ModelResponse
+
+        fetched = await self._fetch_chunks(session_id, scope, header.chunks)
+        messages = self._assemble(session_id, scope, header, tail, fetched)[:count]
+        called = {
+            call.tool_call_id
+            for message in messages
+            if isinstance(message, ModelResponse)
+            for call in message.tool_calls
+        }
+        return tuple(c for c in header.recovery if c.tool_call_id in called)
 
     async def rewind(self, handle: LeaseHandle, to_turn: int) -> BranchInfo:
         """Cut the held session's history back to ``to_turn``, keeping what it held as a

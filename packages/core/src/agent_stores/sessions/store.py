@@ -960,7 +960,8 @@ class SessionStore(KVBackedStore):
         turn, reset, purge or expiry of the source deletes a chunk the fork still reads.
         Catalog fields are the source's unless given; when the fork's owner differs from
         the source's, every chunk is copied instead (erasing one owner never touches the
-        other's session). The lineage (source, fork point) is recorded in the new session
+        other's session). Pending effect calls of a latched source inside the part taken
+        latch the fork too. The lineage (source, fork point) is recorded in the new session
         (:meth:`inspect`, :meth:`lineage`). Raises :class:`SessionExistsError` when
         ``new_id`` exists, :class:`SessionNotFoundError` when ``source_id`` does not,
         ``ValueError`` for a turn past the end.
