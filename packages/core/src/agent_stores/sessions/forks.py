@@ -29,7 +29,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import TurnOutOfRangeError
@@ -146,16 +146,7 @@ def refs_by_home(own_scope: str, refs: Iterable[ChunkRef]) -> dict[str, list[Chu
 def rehomed(ref: ChunkRef, source_scope: str, target_scope: str) -> ChunkRef:
     """``ref`` as read by a session at ``target_scope``, given as stored at ``source_scope``."""
     home = ref.home or source_scope
-    return ChunkRef(
-        ref.key,
-        ref.count,
-        ref.size,
-        ref.parts,
-        ref.level,
-        ref.sealed,
-        ref.expires_at,
-        None if home == target_scope else home,
-    )
+    return replace(ref, home=None if home == target_scope else home)
 
 
 def protected_keys(scope: str, records: Sequence[tuple[str, bytes]]) -> set[str]:

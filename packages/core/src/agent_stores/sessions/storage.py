@@ -787,9 +787,16 @@ class KVSessionStorage:
     async def _ref_records(
         self, session_id: str, scope: str, prefix: str
     ) -> list[tuple[str, bytes]]:
-        """The branches and pins (``r/…``) under ``prefix`` of a scope, every page."""
+        """The branches and pins (``r/…``) under ``prefix`` of a scope, every page.
+
+        Most sessions have no branch and were never forked, and this runs after every turn
+        that merged chunks away: one page answers them, the paging walk only past it.
+        """
 
         async def walk() -> list[tuple[str, bytes]]:
+            page = await self.kv.scan(scope, prefix=prefix, limit=_REF_PAGE)
+            if len(page) < _REF_PAGE:
+                return [(i.key, i.entry.value) for i in page if i.entry is not None]
             return [
                 (item.key, item.entry.value)
                 async for item in self.kv.iter_scan(scope, prefix=prefix, page_size=200)
@@ -808,15 +815,7 @@ class KVSessionStorage:
         then the state, then deletes the branch it restored: whichever moment this lands
         on, one of the reads sees the chunks it brings back.
         """
-        # Most sessions have no branch and were never forked: one page answers, without the
-        # paging walk (this runs after every turn that merged chunks away).
-        page = await self.kv.scan(scope, prefix=REF_PREFIX, limit=_REF_PAGE)
-        records = (
-            [(i.key, i.entry.value) for i in page if i.entry is not None]
-            if len(page) < _REF_PAGE
-            else await self._ref_records(session_id, scope, REF_PREFIX)
-        )
-        protected = protected_keys(scope, records)
+        protected = protected_keys(scope, await self._ref_records(session_id, scope, REF_PREFIX))
         if check_state:
             entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
             if entry is not None:
@@ -1667,20 +1666,15 @@ class KVSessionStorage:
             pass
         else:
             return False
-        pinned = protected_keys(
-            scope,
-            [
-                (k, v)
-                for k, v in await self._ref_records(session_id, scope, REF_PREFIX)
-                if k.startswith(PIN_PREFIX)
-            ],
-        )
+        records = await self._ref_records(session_id, scope, REF_PREFIX)
+        # Other sessions' pins keep their chunks; this session's branches go with it.
+        pinned = protected_keys(scope, [(k, v) for k, v in records if k.startswith(PIN_PREFIX)])
         keys = [
             item.key
             async for item in self.kv.iter_scan(scope, prefix=CHUNK_PREFIX, values=False)
             if item.key.rsplit("/", 1)[0] not in pinned
         ]
-        keys += [k for k, _ in await self._ref_records(session_id, scope, BRANCH_PREFIX)]
+        keys += [k for k, _ in records if k.startswith(BRANCH_PREFIX)]
         for key in keys:
             await self._call(session_id, self.kv.delete(scope, key))
         return bool(
@@ -1838,6 +1832,11 @@ class KVSessionStorage:
             forked_from=None if header.lineage is None else header.lineage.get("source"),
             fork_point=None if header.lineage is None else header.lineage.get("count"),
         )
+
+    async def exists(self, session_id: str) -> bool:
+        """Whether the session has a state record (one read; nothing decoded or checked)."""
+        scope = self.scope_for(session_id)
+        return await self._call(session_id, self.kv.get(scope, STATE_KEY)) is not None
 
     async def inspect(self, session_id: str) -> SessionInfo | None:
         """A summary of the session, or None when it does not exist. Takes no lease."""
@@ -2064,8 +2063,9 @@ class KVSessionStorage:
             await self._call(session_id, self.kv.delete(scope, key))
         await self.let_go(session_id, scope, list(refs.values()), state_gone=True)
 
-    async def _committed(self, session_id: str, scope: str) -> tuple[StateHeader, bytes, int]:
-        """The session's state as committed, and how many of its messages a fork may take:
+    async def _committed(self, session_id: str, scope: str) -> tuple[str, StateHeader, bytes, int]:
+        """The session's state as committed (version, header, tail), and how many of its
+        messages a fork may take:
         all of them, except while a turn that checkpointed runs (the messages it had when
         it began; :class:`SessionBusyError` when that turn rewrote them)."""
         entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
@@ -2089,7 +2089,7 @@ class KVSessionStorage:
                     session_id=session_id,
                 )
             count = int(marked["count"])
-        return header, tail, count
+        return entry.version, header, tail, count
 
     async def _prefix(
         self,
@@ -2108,44 +2108,42 @@ class KVSessionStorage:
         Chunks entirely inside the prefix are referenced as they are (``share``) or copied
         byte for byte; only the messages of the one chunk (or the tail) the cut falls in
         are decoded and written again, so the bytes written are at most one chunk's,
-        whatever the length of the history.
+        whatever the length of the history. The chunks it must read come in one read per
+        scope; one gone meanwhile raises ``_MissingChunk`` (the caller knows whether that
+        is a race or damage).
         """
-        plan = _Plan([], EMPTY_ARRAY, 0)
+        inside: list[ChunkRef] = []
+        cut: ChunkRef | None = None
         taken = 0
-        rest: list[ModelMessage] = []
         for ref in header.chunks:
             if taken >= count:
                 break
             if taken + ref.count <= count:
-                if share:
-                    plan.chunks.append(rehomed(ref, scope, target))
-                else:
-                    raw = await self._chunk_raw(session_id, scope, ref)
-                    copy, write = self._new_chunk(
-                        target,
-                        _Planned(ref.count, ref.size, ref.level, ref.sealed, blob=raw),
-                        now,
-                    )
-                    plan.chunks.append(copy)
-                    plan.writes.append(write)
+                inside.append(ref)
             else:
-                fetched = await self._fetch_chunks(session_id, scope, [ref])
-                got = fetched[ref.key]
-                raw = got.raw if isinstance(got, CachedChunk) else got
-                try:
-                    messages = (
-                        got.messages
-                        if isinstance(got, CachedChunk)
-                        else decode_messages(raw, ref.count)
-                    )
-                except RecordError as exc:
-                    raise self._invalid(session_id, f"history chunk {ref.key}: {exc}") from None
-                rest = list(messages[: count - taken])
+                cut = ref
+                break
             taken += ref.count
-        if taken < count:
-            if count - taken == header.tail_count:
-                plan.tail, plan.tail_count = tail, header.tail_count
-                return plan
+        needed = [*([] if share else inside), *([cut] if cut is not None else [])]
+        fetched = await self._fetch_chunks(session_id, scope, needed) if needed else {}
+        plan = _Plan([], EMPTY_ARRAY, 0)
+        for ref in inside:
+            if share:
+                plan.chunks.append(rehomed(ref, scope, target))
+                continue
+            got = fetched[ref.key]
+            raw = got.raw if isinstance(got, CachedChunk) else got
+            copy, write = self._new_chunk(
+                target, _Planned(ref.count, ref.size, ref.level, ref.sealed, blob=raw), now
+            )
+            plan.chunks.append(copy)
+            plan.writes.append(write)
+        rest: Sequence[ModelMessage] = ()
+        if cut is not None:
+            rest = self._chunk_messages(session_id, cut, fetched[cut.key])[: count - taken]
+        elif count - taken == header.tail_count:
+            plan.tail, plan.tail_count = tail, header.tail_count
+        elif count > taken:
             try:
                 rest = decode_messages(tail, header.tail_count)[: count - taken]
             except RecordError as exc:
@@ -2161,13 +2159,49 @@ class KVSessionStorage:
                     plan.writes.append(write)
         return plan
 
-    async def _turn_cut(
-        self, session_id: str, scope: str, header: StateHeader, tail: bytes, count: int, turn: int
-    ) -> int:
-        """The message count of the history (its first ``count`` messages) up to ``turn``."""
+    def _chunk_messages(
+        self, session_id: str, ref: ChunkRef, got: bytes | CachedChunk
+    ) -> Sequence[ModelMessage]:
+        """The messages of a chunk as :meth:`_fetch_chunks` gave it (cached or raw)."""
+        if isinstance(got, CachedChunk):
+            return got.messages
+        try:
+            return decode_messages(got, ref.count)
+        except RecordError as exc:
+            raise self._invalid(session_id, f"history chunk {ref.key}: {exc}") from None
+
+    async def _fork_point(
+        self,
+        session_id: str,
+        scope: str,
+        header: StateHeader,
+        tail: bytes,
+        count: int,
+        at_turn: int | None,
+    ) -> tuple[int, tuple[EffectCall, ...]]:
+        """How many of the first ``count`` messages a fork takes (up to ``at_turn``), and
+        the latched effect calls it keeps: an effect that may have happened did so in the
+        world, whichever session goes on from there (all of them when the fork takes the
+        whole history, else those called within the part it takes). The history is read
+        (from the cache when warm) only when a turn is asked for or a latch is cut."""
+        recovery = header.recovery
+        if at_turn is None and (not recovery or count >= header.message_count):
+            return count, recovery
         fetched = await self._fetch_chunks(session_id, scope, header.chunks)
         messages = self._assemble(session_id, scope, header, tail, fetched)[:count]
-        return cut_at_turn(messages, turn, f"session {session_id!r}")
+        if at_turn is not None:
+            count = cut_at_turn(messages, at_turn, f"session {session_id!r}")
+        if not recovery or count >= header.message_count:
+            return count, recovery
+        from pydantic_ai.messages import ModelResponse
+
+        called = {
+            call.tool_call_id
+            for message in messages[:count]
+            if isinstance(message, ModelResponse)
+            for call in message.tool_calls
+        }
+        return count, tuple(c for c in recovery if c.tool_call_id in called)
 
     async def fork(
         self,
@@ -2194,15 +2228,23 @@ class KVSessionStorage:
         if await self._call(new_id, self.kv.get(target, STATE_KEY)) is not None:
             raise SessionExistsError(f"session {new_id!r} already exists", session_id=new_id)
         for _ in range(_FORK_ATTEMPTS):
-            header, tail, count = await self._committed(source_id, source)
-            if at_turn is not None:
-                count = await self._turn_cut(source_id, source, header, tail, count, at_turn)
+            version, header, tail, count = await self._committed(source_id, source)
             now = self.clock()
             wanted = applied(header.catalog, catalog)
             share = wanted.get("owner") == (header.catalog or {}).get("owner")
-            plan = await self._prefix(
-                source_id, source, header, tail, count, target, now, share=share
-            )
+            try:
+                count, recovery = await self._fork_point(
+                    source_id, source, header, tail, count, at_turn
+                )
+                plan = await self._prefix(
+                    source_id, source, header, tail, count, target, now, share=share
+                )
+            except _MissingChunk as missing:
+                # A turn of the source may have merged the chunk away since we read it.
+                again = await self._call(source_id, self.kv.get(source, STATE_KEY))
+                if again is not None and again.version != version:
+                    continue
+                raise self._invalid(source_id, f"history chunk {missing} is missing") from None
             pinned = refs_by_home(target, [r for r in plan.chunks if r.home is not None])
             for home, refs in sorted(pinned.items()):
                 ends = [r.expires_at for r in refs]
@@ -2228,7 +2270,6 @@ class KVSessionStorage:
                 f"session {source_id!r} changed too often to be forked", session_id=source_id
             )
         lineage = lineage_doc(source_id, count, at_turn, now)
-        recovery = await self._inherited_latch(source_id, source, header, tail, count)
         written = sum(len(p) for w in plan.writes for p in w.parts)
         try:
             await asyncio.gather(
@@ -2279,39 +2320,20 @@ class KVSessionStorage:
             bytes_written=written,
         )
 
-    async def _inherited_latch(
-        self, session_id: str, scope: str, header: StateHeader, tail: bytes, count: int
-    ) -> tuple[EffectCall, ...]:
-        """The source's latched effect calls a fork of its first ``count`` messages keeps:
-        an effect that may have happened did so in the world, whichever session goes on
-        from there (all of them when the fork takes the whole history, else those called
-        within the part it takes)."""
-        if not header.recovery or count >= header.message_count:
-            return header.recovery
-        from pydantic_ai.messages import ModelResponse
-
-        fetched = await self._fetch_chunks(session_id, scope, header.chunks)
-        messages = self._assemble(session_id, scope, header, tail, fetched)[:count]
-        called = {
-            call.tool_call_id
-            for message in messages
-            if isinstance(message, ModelResponse)
-            for call in message.tool_calls
-        }
-        return tuple(c for c in header.recovery if c.tool_call_id in called)
-
     async def rewind(self, handle: LeaseHandle, to_turn: int) -> BranchInfo:
         """Cut the held session's history back to ``to_turn``, keeping what it held as a
         branch, and release: one branch write, then the fenced state write."""
         header, tail = handle.header, handle.tail
         count = cut_at_turn(handle.messages, to_turn, f"session {handle.session_id!r}")
         now = self.clock()
+        try:
+            plan = await self._prefix(
+                handle.session_id, handle.scope, header, tail, count, handle.scope, now, share=True
+            )
+        except _MissingChunk as missing:
+            raise self._invalid(handle.session_id, f"history chunk {missing} is missing") from None
+        plan.obsolete = _dropped(header.chunks, plan.chunks)
         branch = await self._set_aside(handle, now, "rewind")
-        plan = await self._prefix(
-            handle.session_id, handle.scope, header, tail, count, handle.scope, now, share=True
-        )
-        kept = {(r.home, r.key) for r in plan.chunks}
-        plan.obsolete = [r for r in header.chunks if (r.home, r.key) not in kept]
         await self._save_or_drop_branch(handle, handle.messages[:count], plan, branch)
         return branch
 
@@ -2330,13 +2352,16 @@ class KVSessionStorage:
             _, kept, kept_tail = decode_branch(branch_id, entry.value)
         except RecordError as exc:
             raise self._invalid(handle.session_id, f"branch {branch_id}: {exc}") from None
-        now = self.clock()
-        branch = await self._set_aside(handle, now, "restore")
-        plan = _Plan(list(kept.chunks), kept_tail, kept.tail_count)
-        keep = {(r.home, r.key) for r in kept.chunks}
-        plan.obsolete = [r for r in handle.header.chunks if (r.home, r.key) not in keep]
-        fetched = await self._fetch_chunks(handle.session_id, handle.scope, kept.chunks)
+        try:
+            fetched = await self._fetch_chunks(handle.session_id, handle.scope, kept.chunks)
+        except _MissingChunk as missing:
+            raise self._invalid(
+                handle.session_id, f"branch {branch_id}: history chunk {missing} is missing"
+            ) from None
         messages = self._assemble(handle.session_id, handle.scope, kept, kept_tail, fetched)
+        plan = _Plan(list(kept.chunks), kept_tail, kept.tail_count)
+        plan.obsolete = _dropped(handle.header.chunks, kept.chunks)
+        branch = await self._set_aside(handle, self.clock(), "restore")
         await self._save_or_drop_branch(handle, messages, plan, branch)
         await self._call(
             handle.session_id, self.kv.delete(handle.scope, key, expected_version=entry.version)
@@ -2407,6 +2432,12 @@ class KVSessionStorage:
     ) -> SessionPage:
         """One page of the owner's sessions, most recent first (see ``CatalogIndex.page``)."""
         return await self.catalog.page(owner, limit=limit, cursor=cursor, tags=tags)
+
+
+def _dropped(old: Sequence[ChunkRef], new: Sequence[ChunkRef]) -> list[ChunkRef]:
+    """The chunks of ``old`` that ``new`` does not reference (by home and key)."""
+    kept = {(r.home, r.key) for r in new}
+    return [r for r in old if (r.home, r.key) not in kept]
 
 
 class _MissingChunk(Exception):

@@ -923,7 +923,7 @@ class SessionStore(KVBackedStore):
         """
         self._check_open()
         self.storage.scope_for(session_id)
-        if await self.storage.inspect(session_id) is None:
+        if not await self.storage.exists(session_id):
             return False
         handle = await self._acquire(
             session_id, timeout_seconds, allow_recovery=True, load_history=False
@@ -1022,7 +1022,7 @@ class SessionStore(KVBackedStore):
         operation's own write releases it, anything else releases it unchanged."""
         self._check_open()
         self.storage.scope_for(session_id)
-        if await self.storage.inspect(session_id) is None:
+        if not await self.storage.exists(session_id):
             raise SessionNotFoundError(
                 f"session {session_id!r} does not exist", session_id=session_id
             )
@@ -1091,7 +1091,7 @@ class SessionStore(KVBackedStore):
         self._check_open()
         if CatalogUpdate.of(owner, title, tags, metadata) is None:
             raise ValueError("set_catalog needs at least one of owner, title, tags, metadata")
-        if await self.storage.inspect(session_id) is None:
+        if not await self.storage.exists(session_id):
             return False
         async with self.turn(
             session_id, timeout_seconds, owner=owner, title=title, tags=tags, metadata=metadata
