@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import signal
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -144,17 +143,12 @@ class ForkBehaviours(ContractBase):
         """While another process runs a turn that checkpointed half of it, a fork holds the
         history as it was before that turn (never half a turn); the running turn keeps
         its lease."""
-        from .sessions import WORKER_LEASE_SECONDS, read_json, require_processes, spawn
+        from .sessions import held_by_a_killed_process, require_processes
 
         require_processes(kv)
         store = await sessions_factory()
         sid = f"{ns}:busy"
-        async with store.turn(sid) as session:
-            session.replace(pair("before"))
-        proc = await spawn("hold", store_url, sid, str(WORKER_LEASE_SECONDS))
-        try:
-            ready = await read_json(proc)
-            assert ready["ready"] is True
+        async with held_by_a_killed_process(store, store_url, sid) as ready:
             during = await store.read_messages(sid)
             assert during is not None and texts(during)[-2:] == ["q:checkpointed", "a:checkpointed"]
             await store.fork(sid, f"{ns}:copy")
@@ -163,9 +157,6 @@ class ForkBehaviours(ContractBase):
             info = await store.inspect(sid)
             assert info is not None and info.lease_owner is not None
             assert info.fence == ready["fence"]
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            await proc.wait()
 
     async def test_rewind_is_refused_while_another_client_holds_the_lease(
         self, sessions_factory: SessionsFactory, ns: str

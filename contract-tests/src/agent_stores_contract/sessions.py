@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -179,6 +180,25 @@ async def read_json(
         raise AssertionError(f"worker exited ({await proc.wait()}): {err.decode()[-3000:]}")
     result: dict[str, Any] = json.loads(line)
     return result
+
+
+@asynccontextmanager
+async def held_by_a_killed_process(
+    store: SessionStore, store_url: str, session_id: str
+) -> AsyncIterator[dict[str, Any]]:
+    """A session saved as ``pair("before")``, then held by another process inside a turn
+    that checkpointed ``pair("checkpointed")`` (``hold`` worker); yields the worker's
+    ready line (its fence) and kills it with SIGKILL on the way out."""
+    async with store.turn(session_id) as session:
+        session.replace(pair("before"))
+    proc = await spawn("hold", store_url, session_id, str(WORKER_LEASE_SECONDS))
+    try:
+        ready = await read_json(proc)
+        assert ready["ready"] is True
+        yield ready
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
 
 
 def max_turns_between(owners: list[str]) -> int:
@@ -789,17 +809,9 @@ class SessionContract(CatalogBehaviours, SubjectBehaviours, ForkBehaviours):
         require_processes(kv)
         store = await sessions_factory()
         sid = f"{ns}:killed"
-        async with store.turn(sid) as session:
-            session.replace(pair("before"))
-        proc = await spawn("hold", store_url, sid, str(WORKER_LEASE_SECONDS))
-        try:
-            ready = await read_json(proc)
-            assert ready["ready"] is True
+        async with held_by_a_killed_process(store, store_url, sid) as ready:
             info = await store.inspect(sid)
             assert info is not None and info.lease_owner is not None
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            await proc.wait()
         with pytest.raises(SessionBusyError):  # the dead process's lease still holds it
             async with store.turn(sid, timeout_seconds=0.2):
                 pass
