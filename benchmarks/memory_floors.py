@@ -1,6 +1,8 @@
 """Floors of the memory rows: a CAS write with its operation receipt, and a read, done by
 the database client alone with agent-stores' own statements and record shapes, and no
-store code (no path checks, no record encoding or decoding, no pool, no deadline).
+store code (no path checks, no pool, no deadline). The record is JSON: a write encodes it
+(``json.dumps``) and a read decodes it (``json.loads``) to hand back the file's content,
+the work any client of this record shape does (and the harness's stores do for theirs).
 
 * PostgreSQL: psycopg on one held connection and cursor, the memory port's one prepared
   statement for a replace with a receipt (record CAS + receipt index entry, one commit);
@@ -35,6 +37,12 @@ def record(content: str, version: str) -> bytes:
     ).encode()
 
 
+def content_of(value: bytes) -> str:
+    """The content of a record made by :func:`record`."""
+    content: str = json.loads(value)["c"]
+    return content
+
+
 def receipt(path: str, version: str) -> bytes:
     return json.dumps(
         {"f": 1, "fp": uuid.uuid4().hex, "v": version, "e": 1, "p": path}, separators=(",", ":")
@@ -67,7 +75,7 @@ class MemoryFloor(Protocol):
     """One file written over and over with receipts, and read."""
 
     async def write(self, content: str) -> None: ...
-    async def read(self) -> bytes: ...
+    async def read(self) -> str: ...
     async def close(self) -> None: ...
 
 
@@ -128,11 +136,11 @@ class PostgresMemoryFloor:
         assert row is not None and row[0], row
         self._version = version
 
-    async def read(self) -> bytes:
+    async def read(self) -> str:
         await self._read_cursor.execute(self._read_sql, ("memory:floor", "MEMORY.md"), prepare=True)
         row = await self._read_cursor.fetchone()
         assert row is not None
-        return bytes(row[0])
+        return content_of(row[0])
 
     async def close(self) -> None:
         from psycopg import sql
@@ -216,7 +224,7 @@ class SQLiteMemoryFloor:
             ("memory:floor", "MEMORY.md"),
         ).fetchone()
         assert row is not None
-        return bytes(row[0])
+        return content_of(row[0])
 
     async def close(self) -> None:
         # The file is in the bench's temporary folder, removed with it.

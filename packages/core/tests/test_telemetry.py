@@ -265,6 +265,34 @@ def test_without_a_provider_nothing_is_created() -> None:
     assert out == "ok"
 
 
+def test_the_provider_globals_read_for_the_fast_check_exist() -> None:
+    """``enabled()`` reads the API's provider globals to skip its environment lookup per
+    call; if a release renames them, this fails (and the check falls back to the API)."""
+    import opentelemetry.metrics._internal as metrics_internal
+
+    assert hasattr(trace, telemetry._PROVIDER_ATTRIBUTE)
+    assert metrics_internal.__name__ == telemetry._METER_MODULE
+    assert hasattr(metrics_internal, telemetry._METER_ATTRIBUTE)
+
+
+def test_a_provider_named_in_the_environment_is_used() -> None:
+    env = {**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from agent_stores import telemetry; import opentelemetry.trace; "
+            "print(telemetry.enabled(), telemetry.recording())",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True True"
+
+
 def test_a_meter_provider_alone_records_turn_metrics() -> None:
     """Turns skip telemetry entirely while no provider is configured, and record their
     metrics as soon as an application sets only a meter provider (no tracer)."""

@@ -414,6 +414,68 @@ async def test_pool_is_bounded(schema_url: str, admin: psycopg.Connection[Any]) 
         assert len(backends_of(admin, application)) <= 2
 
 
+async def test_calls_one_after_another_skip_the_pool(
+    schema_url: str, admin: psycopg.Connection[Any]
+) -> None:
+    """Sequential calls reuse the connection the last one kept back: the pool hands out
+    no connection for them, and the server sees no new backend."""
+    application = app_name()
+    url = with_options(schema_url, application_name=application, min_size="1", max_size="4")
+    async with open_kv(url) as kv:
+        assert isinstance(kv, PostgresKV)
+        version = await kv.create("s", "k", b"v")
+        pool = kv._pools.current_pool()
+        assert pool is not None
+        handed_out = pool.get_stats().get("requests_num", 0)
+        backends = set(backends_of(admin, application))
+        for _ in range(50):
+            entry = await kv.get("s", "k")
+            assert entry is not None and entry.version == version
+        assert pool.get_stats().get("requests_num", 0) == handed_out
+        assert set(backends_of(admin, application)) == backends
+
+
+async def test_a_kept_back_connection_never_keeps_a_waiting_caller_waiting(
+    schema_url: str,
+) -> None:
+    """max_size=2 with one connection busy for seconds: callers queue for the other one,
+    and each caller done hands it to the next waiting caller instead of keeping it back
+    (kept back, a waiter would sit out ``pool_timeout`` and fail)."""
+    url = with_options(schema_url, max_size="2", pool_timeout="1.5")
+    async with open_kv(url) as kv:
+        assert isinstance(kv, PostgresKV)
+        await kv.create("s", "k", b"v")
+
+        async def sleeper(conn: Any) -> None:
+            await conn.execute("SELECT pg_sleep(3)")
+
+        busy = asyncio.ensure_future(kv.run_native_idempotent("sleep", sleeper))
+        await asyncio.sleep(0.2)
+
+        async def reader() -> None:
+            for _ in range(10):
+                assert await kv.get("s", "k") is not None
+
+        await asyncio.gather(*(reader() for _ in range(20)))
+        await busy
+
+
+async def test_a_kept_back_connection_killed_meanwhile_is_replaced(
+    schema_url: str, admin: psycopg.Connection[Any]
+) -> None:
+    """The connection kept back between two calls is terminated by the server: the next
+    call sees it dead before sending anything and succeeds on a fresh one."""
+    application = app_name()
+    url = with_options(schema_url, application_name=application, min_size="1", max_size="2")
+    async with open_kv(url) as kv:
+        version = await kv.create("s", "k", b"v")
+        for _ in range(3):
+            assert terminate(admin, application)
+            version = await kv.replace("s", "k", b"w", expected_version=version)
+            entry = await kv.get("s", "k")
+            assert entry is not None and entry.version == version
+
+
 async def test_ready_pool_passed_in_stays_open(postgres_url: str, schema_name: str) -> None:
     """A caller's AsyncConnectionPool works through open_kv; closing the store leaves the pool open and unchanged."""
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(

@@ -73,9 +73,29 @@ def _in_use() -> bool:
     Until then every span and instrument would be a no-op proxy, so the import (tens of
     milliseconds, about a quarter of a CLI listing) waits until the application uses it.
     """
-    return any(name in sys.modules for name in _API_MODULES) or any(
-        name in os.environ for name in _PROVIDER_VARIABLES
-    )
+    return any(name in sys.modules for name in _API_MODULES) or _provider_named()
+
+
+_named: bool | None = None
+
+
+def _provider_named() -> bool:
+    """True when the environment names a provider for the API to load (read once: every
+    store call asks, and ``os.environ`` costs a microsecond a lookup; a provider is named
+    before the process starts, not while it runs)."""
+    global _named
+    if _named is None:
+        _named = any(name in os.environ for name in _PROVIDER_VARIABLES)
+    return _named
+
+
+#: ``opentelemetry.trace`` keeps the provider set by ``set_tracer_provider`` here (None
+#: until then); reading it skips the API's own environment lookup on every call. A test
+#: guards the name; without it the public lookup is used.
+_PROVIDER_ATTRIBUTE = "_TRACER_PROVIDER"
+#: and ``opentelemetry.metrics`` the one set by ``set_meter_provider`` here
+_METER_MODULE, _METER_ATTRIBUTE = "opentelemetry.metrics._internal", "_METER_PROVIDER"
+_MISSING = object()
 
 
 P = ParamSpec("P")
@@ -101,7 +121,11 @@ _attributes_cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.Weak
 
 def enabled() -> bool:
     """True when the API is installed and the application configured a tracer provider."""
-    return _api() and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
+    if _trace is None and not _api():
+        return False
+    if getattr(_trace, _PROVIDER_ATTRIBUTE, _MISSING) is None and not _provider_named():
+        return False  # none set, none to load: the API would hand out its proxy
+    return not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider)
 
 
 # The API's stand-ins until an application sets a meter provider (the proxy's class is
@@ -116,10 +140,13 @@ def recording() -> bool:
     even the bookkeeping (timestamps, attributes) and a turn costs what it would without
     OpenTelemetry installed.
     """
-    if not _api():
-        return False
-    if not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+    if enabled():
         return True
+    if _trace is None:
+        return False
+    internal = sys.modules.get(_METER_MODULE)
+    if getattr(internal, _METER_ATTRIBUTE, _MISSING) is None and not _provider_named():
+        return False  # as in enabled(): none set, none to load
     return type(_metrics.get_meter_provider()).__name__ not in _PLACEHOLDER_METER_PROVIDERS
 
 
@@ -302,12 +329,17 @@ def traced(
         if not _AVAILABLE:
             return fn
 
-        @functools.wraps(fn)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-            if not enabled():
-                return await fn(*args, **kwargs)
+        async def spanned(args: Any, kwargs: Any) -> T:
             with span(operation, _find_kv(kv, args)):
                 return await fn(*args, **kwargs)
+
+        # Not a coroutine function itself: without a provider the caller awaits ``fn``'s
+        # own coroutine, with no extra frame in between.
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+            if not enabled():
+                return fn(*args, **kwargs)
+            return spanned(args, kwargs)
 
         return wrapper
 

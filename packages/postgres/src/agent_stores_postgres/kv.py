@@ -48,7 +48,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar, LiteralString, TypeVar
 
@@ -326,13 +326,18 @@ class PostgresKV(KVStore):
             detail=f"{self.describe()}: {action} failed: {type(exc).__name__}"
         )
 
-    @contextlib.asynccontextmanager
-    async def _connection(
-        self, action: str, *, check_ready: bool = True
-    ) -> AsyncIterator[AsyncConnection[Any]]:
-        """A ready connection; driver errors leave as typed errors or :class:`_ConnectionLost`."""
+    async def _on_connection(
+        self,
+        action: str,
+        fn: Callable[[AsyncConnection[Any]], Awaitable[T]],
+        check_ready: bool,
+    ) -> T:
+        """``fn`` on a ready connection; driver errors leave as typed errors or as
+        :class:`_ConnectionLost` / :class:`_RolledBack` (no context managers: this runs on
+        every request)."""
         try:
-            async with self._pools.connection() as conn:
+            pool, conn = await self._pools.acquire()
+            try:
                 if check_ready and not self._ready:
                     try:
                         await self._ensure_ready(conn)
@@ -341,7 +346,7 @@ class PostgresKV(KVStore):
                             raise _ConnectionLost(exc, sent=False) from exc
                         raise
                 try:
-                    yield conn
+                    return await fn(conn)
                 except psycopg.Error as exc:
                     if conn.closed:
                         raise _ConnectionLost(exc) from exc
@@ -350,6 +355,8 @@ class PostgresKV(KVStore):
                     ):
                         raise _RolledBack(exc) from exc
                     raise
+            finally:
+                await self._pools.release(pool, conn)
         except (_ConnectionLost, _RolledBack, AppError):
             raise
         except psycopg.Error as exc:
@@ -387,13 +394,11 @@ class PostgresKV(KVStore):
         check_ready: bool,
     ) -> T:
         try:
-            async with self._connection(action, check_ready=check_ready) as conn:
-                return await fn(conn)
+            return await self._on_connection(action, fn, check_ready)
         except _ConnectionLost as lost:
             if lost.sent:
                 raise
-        async with self._connection(action, check_ready=check_ready) as conn:
-            return await fn(conn)
+        return await self._on_connection(action, fn, check_ready)
 
     async def _idempotent(
         self,

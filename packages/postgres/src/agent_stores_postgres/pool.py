@@ -31,6 +31,13 @@ server was away, it says nothing of the server now). A connection such a fresh a
 opens serves that caller and is closed afterwards, so a server that came back is used at
 once rather than after the pool's backoff.
 
+Calls one after another skip the pool: the last caller keeps its connection back
+(:meth:`LoopBoundPool.release`) for the next, who takes it without the pool's lock,
+queue and statistics (:meth:`LoopBoundPool.acquire`), after the same liveness check. It
+is kept back only while no caller is waiting for the pool, never for longer than
+:data:`HOLD_SECONDS` at a stretch (so the pool's lifetime checks still see it), and only
+on this package's own pools.
+
 A statement cut off by a deadline (its task cancelled) closes its connection at once
 (:meth:`WriteCursorConnection.wait`): the pool then discards it, so a connection with a
 statement still in flight is never handed out again, and a silent server cannot hold the
@@ -59,6 +66,10 @@ RV = TypeVar("RV")
 
 #: psycopg's own polling interval for its waits.
 WAIT_INTERVAL = 0.1
+
+#: Seconds a connection may go from caller to caller outside the pool before it is
+#: returned there once (where its lifetime and idle checks apply).
+HOLD_SECONDS = 30.0
 
 
 def connection_is_dead(conn: AsyncConnection[Any]) -> bool:
@@ -207,6 +218,11 @@ class _Generation:
     connections: weakref.WeakSet[AsyncConnection[Any]] = field(default_factory=weakref.WeakSet)
     guard: asyncio.Task[None] | None = None
     failures: ConnectFailures = field(default_factory=ConnectFailures)
+    #: the connection the last caller kept back for the next (see :meth:`LoopBoundPool.release`)
+    held: AsyncConnection[Any] | None = None
+    #: the kept-back connection now lent to a caller, and when it must go back to the pool
+    lent: AsyncConnection[Any] | None = None
+    hold_until: float = 0.0
 
 
 class LoopBoundPool:
@@ -241,6 +257,10 @@ class LoopBoundPool:
         self._closed = False
         #: connections opened by a fresh attempt outside the pool: closed after use
         self._unpooled: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
+        #: a borrowed pool's connections switched to autocommit: switched back on release
+        self._switched: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
+        #: callers between arriving and getting a connection from the pool
+        self._acquiring = 0
 
     @property
     def max_size(self) -> int:
@@ -315,10 +335,13 @@ class LoopBoundPool:
         if generation.pool.closed:
             return
         if old_loop is current:
+            await _close_held(generation)
             await generation.pool.close()
         elif old_loop.is_running() and not old_loop.is_closed():
             # That loop still runs (another thread): let it close its own pool.
             asyncio.run_coroutine_threadsafe(generation.pool.close(), old_loop)
+            if generation.held is not None:
+                asyncio.run_coroutine_threadsafe(generation.held.close(), old_loop)
         else:
             # The loop is gone: nothing can await the pool's close() any more, so close the
             # sockets themselves; the pool object and its dead tasks are then dropped.
@@ -328,23 +351,77 @@ class LoopBoundPool:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
-        """A live autocommit connection, returned to the pool afterwards."""
-        pool = await self._pool()
-        conn = await self._get_live(pool)
-        restore_autocommit = False
+        """A live autocommit connection, released afterwards (:meth:`acquire`, :meth:`release`)."""
+        pool, conn = await self.acquire()
         try:
-            if not conn.autocommit:
-                # A borrowed pool may hand out transactional connections; every statement
-                # here is meant to commit on its own (multi-statement work opens its own
-                # transaction explicitly).
-                await conn.set_autocommit(True)
-                restore_autocommit = True
             yield conn
         finally:
-            if restore_autocommit and not conn.closed:
+            await self.release(pool, conn)
+
+    async def acquire(self) -> tuple[AsyncConnectionPool[Any], AsyncConnection[Any]]:
+        """A live autocommit connection and the pool to :meth:`release` it to: the one the
+        last caller kept back when it is still alive, else one from the pool."""
+        generation = self._generation
+        if (
+            generation is not None
+            and generation.held is not None
+            and generation.loop is asyncio.get_running_loop()
+        ):
+            # (Another loop's generation is retired by ``_pool`` below, its held one with it.)
+            conn, generation.held = generation.held, None
+            if not connection_is_dead(conn):
+                generation.lent = conn
+                return generation.pool, conn
+            if not conn.closed:
+                await conn.close()
+            await generation.pool.putconn(conn)  # closed: the pool replaces it
+        self._acquiring += 1
+        try:
+            pool = await self._pool()
+            conn = await self._get_live(pool)
+        finally:
+            self._acquiring -= 1
+        if not conn.autocommit:
+            # A borrowed pool may hand out transactional connections; every statement
+            # here is meant to commit on its own (multi-statement work opens its own
+            # transaction explicitly).
+            try:
+                await conn.set_autocommit(True)
+            except BaseException:
+                await self._give_back(pool, conn)
+                raise
+            self._switched.add(conn)
+        return pool, conn
+
+    async def release(self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any]) -> None:
+        """Keep ``conn`` back for the next caller (no one is waiting for the pool, it is
+        idle, not held for :data:`HOLD_SECONDS` yet), or return it to ``pool``."""
+        generation = self._generation
+        if conn in self._switched:
+            self._switched.discard(conn)
+            if not conn.closed:
                 with contextlib.suppress(psycopg.Error):
                     await conn.set_autocommit(False)
-            await self._give_back(pool, conn)
+        elif (
+            generation is not None
+            and generation.pool is pool
+            and generation.held is None
+            and self._acquiring == 0
+            and not self._closed
+            and not conn.closed
+            and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+            and conn not in self._unpooled
+        ):
+            now = time.monotonic()
+            if generation.lent is not conn:
+                generation.hold_until = now + HOLD_SECONDS
+            if generation.lent is not conn or now < generation.hold_until:
+                generation.lent = None
+                generation.held = conn
+                return
+        if generation is not None and generation.lent is conn:
+            generation.lent = None
+        await self._give_back(pool, conn)
 
     async def _give_back(self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any]) -> None:
         if conn in self._unpooled:
@@ -450,6 +527,7 @@ class LoopBoundPool:
         except RuntimeError:
             current = None
         if current is generation.loop:
+            await _close_held(generation)
             await generation.pool.close()
             if generation.guard is not None:
                 generation.guard.cancel()
@@ -476,6 +554,14 @@ async def _close_on_loop_shutdown(
             if not conn.closed:
                 with contextlib.suppress(BaseException):
                     await conn.close()
+
+
+async def _close_held(generation: _Generation) -> None:
+    """Close the kept-back connection: checked out of the pool, its close would not reach it."""
+    held, generation.held = generation.held, None
+    if held is not None and not held.closed:
+        with contextlib.suppress(psycopg.Error):
+            await held.close()
 
 
 def _any_open(connections: weakref.WeakSet[AsyncConnection[Any]]) -> bool:

@@ -37,8 +37,11 @@ class SQLiteMemoryPort:
         self.kv = kv
 
     async def read(self, scope: str, key: str) -> Entry | None:
-        """``kv.get``."""
-        return await self.kv.get(scope, key)
+        """``kv.get``, run inline when the connection is free (:meth:`SQLiteKV.get_inline`)."""
+        entry = self.kv.get_inline(scope, key)
+        if entry is False:
+            return await self.kv.get(scope, key)
+        return entry
 
     async def write(self, write: FileWrite) -> str:
         """Index absent → record CAS → index → markers, all in one transaction."""

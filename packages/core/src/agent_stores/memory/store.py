@@ -284,6 +284,7 @@ class KVMemoryStore(KVBackedStore):
         # The record last written or read per path, with its KV version: on an atomic port
         # a write that expects it goes straight to the one transaction (no read first).
         self._known: OrderedDict[str, tuple[str, FileRecord, int]] = OrderedDict()
+        self._locations: dict[str, _Location] = {}
         self._known_bytes = 0
         #: Records listings and searches skipped because they cannot be decoded.
         self.problems = ProblemLog("memory")
@@ -338,18 +339,33 @@ class KVMemoryStore(KVBackedStore):
     @telemetry.traced("memory.read")
     async def read(self, path: str, *, max_chars: int) -> MemoryFile | None:
         """The file at ``path`` cut to ``max_chars`` characters (``truncated`` set), or None."""
-        validate_store_path(path)
+        loc = self._checked_location(path)
         if max_chars <= 0:
             raise ValueError("max_chars must be positive")
-        loc = self._locate(path)
         previous_token: str | None = None
         for _ in range(_MAX_READ_ROUNDS):
             entry = await self._port.read(loc.scope, loc.name)
-            record = self._decode(entry, loc)
-            if record is None or not record.live:
+            if entry is None:
                 return None
-            assert entry is not None
-            self._remember(loc.path, entry.version, record, len(entry.value))
+            known = self._known.get(loc.path)
+            if known is not None and known[0] == entry.version:
+                # Versions are never reused: the record this store decoded or wrote before.
+                record = known[1]
+            else:
+                record = FileRecord.load(entry.value, where=repr(f"{loc.scope}/{loc.name}"))
+                if record.live:
+                    self._remember(loc.path, entry.version, record, len(entry.value))
+            if not record.live:
+                return None
+            if record.content is not None and not record.metadata_chunks:
+                # Content and metadata inside the record: nothing more to read.
+                return _harness.MemoryFile(
+                    content=record.content[:max_chars],
+                    version=str(record.version),
+                    operation_id=record.operation_id,
+                    truncated=record.length > max_chars,
+                    metadata=_harness.decode_metadata(record.metadata),
+                )
             fetched = await self._fetch(loc.scope, [(loc.name, record)], max_chars, metadata=True)
             if loc.name in fetched:
                 content, metadata = fetched[loc.name]
@@ -405,11 +421,10 @@ class KVMemoryStore(KVBackedStore):
         operation: MemoryOperation | None = None,
     ) -> MemoryMutation:
         """:meth:`write`, recording ``metadata`` with the new version (None or empty: none)."""
-        validate_store_path(path)
+        loc = self._checked_location(path)
         encoded = _harness.encode_metadata(metadata)
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
-        loc = self._locate(path)
         if self._subject_of is not None:
             await self._admit(path)
         mutation = await self._mutate(
@@ -432,8 +447,7 @@ class KVMemoryStore(KVBackedStore):
     ) -> MemoryMutation:
         """Delete ``path`` if its version is ``expected_version``; deleting an absent path
         with ``expected_version=None`` succeeds with ``existed=False``."""
-        validate_store_path(path)
-        loc = self._locate(path)
+        loc = self._checked_location(path)
         if self._subject_of is not None:
             await self._admit(path)
         mutation = await self._mutate(
@@ -1214,6 +1228,18 @@ class KVMemoryStore(KVBackedStore):
             # so the hashed form cannot collide with a plain one.
             scope = f"{self._prefix}~h/{digest(directory)}"
         return scope
+
+    def _checked_location(self, path: str) -> _Location:
+        """:meth:`_locate` of a valid ``path`` (``ValueError`` otherwise), remembered: an
+        agent reads and writes the same few files over and over."""
+        loc = self._locations.get(path)
+        if loc is None:
+            validate_store_path(path)
+            loc = self._locate(path)
+            if len(self._locations) >= _KNOWN_RECORDS:
+                self._locations.clear()
+            self._locations[path] = loc
+        return loc
 
     def _locate(self, path: str) -> _Location:
         directory, _, name = path.rpartition("/")
