@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Protocol
+
+from agent_stores.kv.base import new_version
 
 #: a receipt's lifetime as the memory store sets it (about 12 months; its value is irrelevant)
 RECEIPT_SECONDS = 365 * 86_400.0
@@ -32,7 +33,7 @@ RECEIPT_SECONDS = 365 * 86_400.0
 def record(content: str, version: str) -> bytes:
     """A memory record shaped like agent-stores' (format, size, version, length, operation)."""
     return json.dumps(
-        {"f": 1, "s": 1, "v": version, "n": len(content), "o": uuid.uuid4().hex, "c": content},
+        {"f": 1, "s": 1, "v": version, "n": len(content), "o": fresh_version(), "c": content},
         separators=(",", ":"),
     ).encode()
 
@@ -45,12 +46,14 @@ def content_of(value: bytes) -> str:
 
 def receipt(path: str, version: str) -> bytes:
     return json.dumps(
-        {"f": 1, "fp": uuid.uuid4().hex, "v": version, "e": 1, "p": path}, separators=(",", ":")
+        {"f": 1, "fp": fresh_version(), "v": version, "e": 1, "p": path}, separators=(",", ":")
     ).encode()
 
 
 def fresh_version() -> str:
-    return uuid.uuid4().hex
+    # The store's own generator: ``uuid.uuid4`` costs four times as much (2 µs), which a
+    # floor must not spend where the store does not.
+    return new_version()
 
 
 async def postgres_floor_table(url: str, table: str) -> tuple[Any, Any]:
@@ -115,7 +118,7 @@ class PostgresMemoryFloor:
         return floor
 
     async def write(self, content: str) -> None:
-        version, op = fresh_version(), uuid.uuid4().hex
+        version, op = fresh_version(), fresh_version()
         now = time.time()
         params = {
             "scope": "memory:floor",
@@ -174,7 +177,7 @@ class SQLiteMemoryFloor:
 
     async def write(self, content: str) -> None:
         c = self._conn
-        version, op = fresh_version(), uuid.uuid4().hex
+        version, op = fresh_version(), fresh_version()
         now = time.time()
         iscope = f"memory:~ops/{op[:2]}"
         c.execute("BEGIN IMMEDIATE")

@@ -21,7 +21,8 @@ Floors, in the same trials: the 64 x 8 Redis row done by redis-py and Pydantic A
 (a turn's two ``EVALSHA`` with agent-stores' argument shapes, the inline tail's decode and
 encode, nothing else), the step append done by psycopg alone (agent-stores' one
 journal statement on one held connection and cursor), and the memory CAS write with
-receipt and read done by psycopg and by ``sqlite3`` alone (:mod:`memory_floors`). No
+receipt and read done by psycopg and by ``sqlite3`` alone, encoding and decoding the
+record (:mod:`memory_floors`). No
 store built on those clients can beat its floor, so each floor bounds the ratio any
 design on them can reach.
 
@@ -277,6 +278,7 @@ async def floor_turns(redis_url: str, ids: list[str]) -> tuple[float, float]:
     argument shapes, decode of the inline tail handed to the caller, encode of the new
     tail, spilling past the tail bound as agent-stores does. Returns (turns/s, CPU ms/turn)."""
     import redis.asyncio as aredis
+    from agent_stores.kv.base import new_version  # the store's ids, not uuid4's 2 µs each
     from pydantic_ai.messages import ModelMessagesTypeAdapter
 
     pool = aredis.BlockingConnectionPool.from_url(
@@ -307,11 +309,11 @@ async def floor_turns(redis_url: str, ids: list[str]) -> tuple[float, float]:
                     "0.1",
                     "",
                     "1",
-                    uuid.uuid4().hex,
+                    new_version(),
                     repr(now + 3600),
                     "7200000",
                     keys[0],
-                    uuid.uuid4().hex,
+                    new_version(),
                 )
                 messages = ModelMessagesTypeAdapter.validate_json(tails[sid])
                 new = [*messages, *message_pair(100_000 + i)]
@@ -328,7 +330,7 @@ async def floor_turns(redis_url: str, ids: list[str]) -> tuple[float, float]:
                     keys[0],
                     repr(now),
                     state,
-                    uuid.uuid4().hex,
+                    new_version(),
                     "r",
                     "",
                     repr(now + 3600),
@@ -979,33 +981,36 @@ def _table_row(row: Row) -> str:
     return f"| {row.what} | **{row.ratio_text()}** | {row.ours} | {row.anchor} |"
 
 
-#: Profiles (py-spy, 2 cores, 2026-12-03), not figures of the run above; kept beside it.
+#: Profiles (py-spy and cProfile, 2 cores, 2026-12-04), not figures of the run above; kept beside it.
 WHERE_THE_TIME_GOES = [
     "",
     "## Where the time goes",
     "",
-    "Sampled with py-spy on this 2-core machine (client process only, December 2026):",
+    "Sampled with py-spy and cProfile on this 2-core machine (client process only,",
+    "December 2026), after the changes of issue 26 named below:",
     "",
-    "- **Redis turn, 64 concurrent, history 10.** Pydantic AI encoding and decoding",
-    "  messages: about 30 % (the floor does most of it too; agent-stores also decodes each",
-    "  chunk it spills once, for its chunk cache, because Pydantic AI edits the caller's",
-    "  message objects in place after a save); the event loop and socket writes: about 25 %;",
-    "  redis-py packing and parsing: about 10 % (scripts skip `execute_command`, see",
-    "  docs/redis.md, Script calls); agent-stores' own code (state header, chunk",
-    "  bookkeeping, leases, deadlines): about 25 %; background deletes of merged chunks:",
-    "  about 3 %.",
-    "- **PostgreSQL step append.** psycopg sending the one journal statement and waiting for",
-    "  its reply (all of the floor's work): about 45 %; the connection pool's checkout, liveness",
-    "  check and return: about 17 %; agent-stores encoding the event and checking the",
-    "  append: about 15 %; the call's deadline timer: about 5 % (since cut to a fifth:",
-    "  one timer per event loop, docs/design.md, Deadlines).",
-    "- **SQLite memory read** (about 45 µs; the floor about 20 µs). The `SELECT` itself:",
-    "  about 30 %; decoding the record: about 15 %; the call's deadline (an `asyncio`",
-    "  timeout armed and cancelled per call, about 5 µs; now one shared timer, about 1 µs):",
-    "  the path checks, the store and the telemetry switch: the rest.",
-    "- **PostgreSQL memory read.** psycopg sending the statement and reading its reply:",
-    "  about 60 %; the pool's checkout, liveness check and return: about 20 %; a fresh",
-    "  cursor per read (so no large reply outlives its caller): about 5 %.",
+    "- **Redis turn, 64 concurrent, history 10.** Pydantic AI decoding and encoding",
+    "  messages: about a third (the floor does most of it too; agent-stores also decodes",
+    "  each chunk it spills once, for its chunk cache, because Pydantic AI edits the",
+    "  caller's message objects in place after a save); the event loop and socket writes:",
+    "  about a quarter; redis-py packing and parsing: about a tenth; agent-stores' own code",
+    "  (state header, chunk bookkeeping, leases, call deadlines): the rest. redis-py's own",
+    "  per-operation timeouts (`asyncio.wait_for`, a task per send, and `asyncio.timeout`",
+    "  per read) cost about a tenth of the turn's client CPU; the store's connections now",
+    "  bound a command on its shared deadline timer instead (docs/redis.md, Script calls).",
+    "- **PostgreSQL step append and memory rows.** psycopg sending the one statement and",
+    "  waiting for its reply (all of the floor's work): nearly all of it. The pool's",
+    "  checkout and return (lock, queue, statistics) and two context managers per call,",
+    "  about a sixth of a short read, are gone for calls one after another: the connection",
+    "  is kept back for the next caller (docs/postgres.md, Pooling).",
+    "- **SQLite memory read** (about 10 µs; the floor, which decodes the record it reads,",
+    "  about 9 µs). One `SELECT` run inline, the record decoded before reused when the",
+    "  version is unchanged (versions are never reused), no chunk fetch for a record that",
+    "  holds its content; before: the call's deadline, the async KV call chain, path checks",
+    "  and the telemetry switch (an environment lookup per call) came to 20 µs more.",
+    "- **SQLite memory CAS write.** The transaction's five statements (the floor's too):",
+    "  about two thirds; the memory store's planning of the record (shape, receipts,",
+    "  index entry, size checks) and the port's checks: the third left above the floor.",
 ]
 
 
@@ -1056,8 +1061,9 @@ def markdown(
             "connection and cursor (no pool), payload pre-encoded; for the memory CAS write",
             "with receipt and the read, the memory port's own statement (PostgreSQL) or",
             "transaction (SQLite) and the KV's `SELECT`, by psycopg on one held connection or",
-            "by the stdlib `sqlite3` inline, records pre-encoded and not decoded",
-            "(`benchmarks/memory_floors.py`). No store built on these",
+            "by the stdlib `sqlite3` inline, each write encoding its record (JSON) and each",
+            "read decoding the record it read into the content it returns, ids drawn by the",
+            "store's own generator (`benchmarks/memory_floors.py`). No store built on these",
             "clients can beat its floor, so a target beyond it is out of reach with them.",
             "",
             "| what | floor ÷ anchor (range) | floor | anchor |",

@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 from agent_stores import BackendUnavailableError, open_kv
+from agent_stores.backend import within_seconds
 from agent_stores.kv.base import within_deadline
 
 
@@ -44,6 +45,36 @@ async def test_a_hanging_call_ends_at_its_deadline_and_others_at_theirs() -> Non
 async def test_a_cancellation_from_outside_is_not_a_deadline() -> None:
     kv = open_kv("memory://deadline-c?deadline=5")
     task = asyncio.create_task(within_deadline(kv, asyncio.sleep(10)))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await kv.aclose()
+
+
+async def test_a_bound_inside_a_deadline_ends_first_as_a_timeout() -> None:
+    """``within_seconds`` (a backend's per-attempt bound) nested in a store call's
+    deadline: the inner bound fires first as ``TimeoutError`` and the outer call goes on
+    (it may retry); past the outer deadline the call is unavailable; a quick call passes;
+    a cancellation from outside stays one."""
+    kv = open_kv("memory://deadline-e?deadline=0.6")
+    loop = asyncio.get_running_loop()
+    attempts: list[float] = []
+
+    async def retrying() -> str:
+        while True:
+            start = loop.time()
+            try:
+                return await within_seconds(0.15, asyncio.sleep(5))
+            except TimeoutError:
+                attempts.append(loop.time() - start)
+
+    with pytest.raises(BackendUnavailableError):
+        await within_deadline(kv, retrying())  # type: ignore[arg-type]
+    assert len(attempts) >= 2 and all(0.15 <= t < 1.5 for t in attempts)
+    assert await within_seconds(1.0, asyncio.sleep(0.01, "done")) == "done"
+    assert await within_seconds(None, asyncio.sleep(0.01, "unbounded")) == "unbounded"
+    task = asyncio.create_task(within_seconds(5.0, asyncio.sleep(10)))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

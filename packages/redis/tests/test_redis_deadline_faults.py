@@ -246,6 +246,31 @@ async def test_injected_blackhole_is_bounded_by_the_deadline(
         await kv.aclose()
 
 
+async def test_an_unanswered_command_is_given_up_after_socket_timeout_and_retried(
+    standalone_url: str,
+) -> None:
+    """One script reply never comes: the store gives that attempt up after
+    ``socket_timeout`` (its own bound: redis-py's per-operation timeouts are off on the
+    store's connections) and sends the command again, so the turn succeeds long before
+    the deadline, and the next turns see it once."""
+    url = StoreURL.parse(standalone_url).with_query(deadline="20", socket_timeout="0.3")
+    injector = RedisFaultInjector(url)
+    kv = await injector.open_kv(url)
+    store = open_sessions(kv)
+    try:
+        await _one_turn(store, "retried")
+        injector.arm("blackhole", times=1)
+        started = time.monotonic()
+        await _one_turn(store, "retried")
+        elapsed = time.monotonic() - started
+        assert 0.3 <= elapsed < 5, elapsed
+        async with store.turn("retried", timeout_seconds=TURN_TIMEOUT) as session:
+            assert len(session.messages) == 4
+    finally:
+        await store.aclose()
+        await kv.aclose()
+
+
 async def _one_turn(store: object, sid: str, timeout_seconds: float = TURN_TIMEOUT) -> None:
     async with store.turn(sid, timeout_seconds=timeout_seconds) as session:  # type: ignore[attr-defined]
         session.replace([*session.messages, *pair("x")])

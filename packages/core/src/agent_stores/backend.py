@@ -47,6 +47,7 @@ from .kv.base import (
     new_version,
     prefix_upper_bound,
     within_deadline,
+    within_seconds,
 )
 from .url import MASK, StoreURL, URLOption, URLOptions, check_options, redact
 
@@ -285,4 +286,5 @@ __all__ = [
     "vector_key",
     "vector_scan_prefix",
     "within_deadline",
+    "within_seconds",
 ]

@@ -12,6 +12,14 @@ cancellation), on connections made by the client's pool with its settings and co
 class — so TLS, authentication, RESP3 and the fault injector of :mod:`.faults` behave
 exactly as on the pooled path.
 
+redis-py bounds each send and each read of a connection with ``socket_timeout`` by
+``asyncio.wait_for`` (a task per send) and ``asyncio.timeout``: about a tenth of a turn's
+client CPU. These connections leave those off; one bound, ``socket_timeout`` for the send
+and its reply together, is kept on the store's shared deadline timer
+(:func:`agent_stores.backend.within_seconds`). A reply that does not come in time
+disconnects the connection (redis-py does on any cancelled read) and is a redis-py
+``TimeoutError``, retried like one.
+
 Connections are kept in a last-in-first-out free list; at most ``limit`` are in use at
 once (a call waits for one, bounded by the call's deadline). A connection that failed was
 already disconnected by redis-py and reconnects on its next command; one the server closed
@@ -24,12 +32,16 @@ import asyncio
 from collections import deque
 from typing import Any
 
+from agent_stores.backend import within_seconds
+
 
 class DirectScripts:
     """``EVALSHA`` / ``EVAL`` sent on connections made by ``pool`` (see the module doc)."""
 
     def __init__(self, pool: Any, limit: int) -> None:
         self._pool = pool
+        #: the bound of one command's send and reply (redis-py's own per operation is off)
+        self._timeout: float | None = pool.connection_kwargs.get("socket_timeout")
         self._idle: deque[Any] = deque()
         # Bound to the running loop on its first wait, not here.
         self._slots = asyncio.Semaphore(limit)
@@ -42,19 +54,31 @@ class DirectScripts:
         try:
             conn = await self._checked_out()
             try:
-                await conn.send_packed_command(conn.pack_command(*args), check_health=False)
-                return await conn.read_response(disable_decoding=True)
+                return await within_seconds(self._timeout, self._exchange(conn, args))
+            except TimeoutError:
+                from redis.exceptions import TimeoutError as RedisTimeoutError
+
+                raise RedisTimeoutError(
+                    f"Timeout reading from the server: no reply within {self._timeout:g} s"
+                ) from None
             finally:
                 await self._put_back(conn)
         finally:
             slots.release()
+
+    @staticmethod
+    async def _exchange(conn: Any, args: tuple[Any, ...]) -> Any:
+        await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+        return await conn.read_response(disable_decoding=True)
 
     async def _checked_out(self) -> Any:
         """An idle connection, disconnected first if the server closed it meanwhile (a
         restart) or it holds unread bytes — as redis-py's pool checks before handing one
         out — so no command is written to a dead socket; else a new one."""
         if not self._idle:
-            return self._pool.make_connection()
+            conn = self._pool.make_connection()
+            conn.socket_timeout = None  # bounded per command in call()
+            return conn
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 

@@ -109,6 +109,33 @@ async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
         _running_deadline.reset(token)
 
 
+async def within_seconds(seconds: float | None, call: Awaitable[T]) -> T:
+    """Await ``call`` for at most ``seconds`` (None: unbounded); then it is cancelled and
+    ``TimeoutError`` raised, as ``asyncio.timeout`` does, but on the shared timer of
+    :func:`within_deadline` (about 1 µs a call instead of a timer armed and cancelled).
+
+    For a backend's per-attempt bounds inside a store call (a Redis reply that does not
+    come is given up and the command retried, within the call's deadline). The timer
+    checks every 50 ms, so a bound is met to within that.
+    """
+    if seconds is None:
+        return await call
+    task = asyncio.current_task()
+    if task is None:  # pragma: no cover - always inside a task under asyncio.run
+        return await call
+    loop = asyncio.get_running_loop()
+    watch = _DeadlineWatch.of(loop)
+    slot = watch.enter(loop, task, loop.time() + seconds)
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if not slot.fired or task.uncancel() > slot.cancelling:
+            raise  # cancelled by someone else
+        raise TimeoutError(f"no answer within {seconds:g} s") from None
+    finally:
+        watch.leave(slot)
+
+
 class _Slot:
     """One bounded call: its task, when it must end, and whether the watch cancelled it."""
 

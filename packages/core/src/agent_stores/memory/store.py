@@ -1436,6 +1436,7 @@ class KVMemoryStore(KVBackedStore):
         if (
             operation is not None
             and record is not None
+            and record.receipts
             and record.find_receipt(digest(operation.id)) is not None
         ):
             return None, None  # a replay: the usual path answers it
@@ -1453,7 +1454,8 @@ class KVMemoryStore(KVBackedStore):
         except ConflictError:
             self._forget(loc.path)
             return None, staged
-        await self._after_landing(loc, record, new_record)
+        if record is not None and record.token:  # chunks of the replaced version to drop
+            await self._after_landing(loc, record, new_record)
         return mutation, staged
 
     async def _write(
