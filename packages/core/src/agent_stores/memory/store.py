@@ -1444,6 +1444,32 @@ class KVMemoryStore(KVBackedStore):
         version = new_version()
         live = record is not None
         mutation = _harness.MemoryMutation(version=version, replayed=False, existed=live)
+        if record is not None and not record.receipts:
+            # The common replace (content and metadata inline, no receipts to keep): the
+            # record and the index entry straight to the port, nothing else to plan.
+            inline = FileRecord(
+                live=True,
+                version=version,
+                operation_id=operation.id if operation is not None else None,
+                length=len(content),
+                content=content,
+                metadata=metadata,
+                written_at=int(now),
+            )
+            value = inline.encoded()
+            if len(value) <= self._record_bytes:
+                index = None if operation is None else self._index_write(operation, mutation, loc)
+                try:
+                    stored = await self._port.write(
+                        FileWrite(loc.scope, loc.name, value, entry_version, None, index, ())
+                    )
+                except ConflictError:
+                    self._forget(loc.path)
+                    return None, None
+                self._remember(loc.path, stored, inline, len(value))
+                if record.token:
+                    await self._after_landing(loc, record, inline)
+                return mutation, None
         receipts = self._receipts(record, operation, version, live, now)
         new_record, staged = await self._live_record(
             loc, content, metadata, version, operation, receipts, None, now
@@ -1469,13 +1495,7 @@ class KVMemoryStore(KVBackedStore):
         markers: list[tuple[str, str, str]],
     ) -> None:
         """The record, its receipt index entry and missing directory markers, through the port."""
-        index: IndexWrite | None = None
-        if operation is not None:
-            scope, key = self._index_key(operation)
-            entry = IndexEntry(
-                digest(operation.fingerprint), mutation.version, mutation.existed, loc.path
-            )
-            index = IndexWrite(scope, key, entry.dump(), self._receipt_ttl)
+        index = None if operation is None else self._index_write(operation, mutation, loc)
         version = await self._port.write(
             FileWrite(
                 loc.scope,
@@ -1491,6 +1511,16 @@ class KVMemoryStore(KVBackedStore):
             self._known_dirs.clear()
         self._known_dirs.update(full for full, _, _ in markers)
         self._remember(loc.path, version, record, len(record.encoded()))
+
+    def _index_write(
+        self, operation: MemoryOperation, mutation: MemoryMutation, loc: _Location
+    ) -> IndexWrite:
+        """The receipt index entry of ``operation``, written with the record."""
+        scope, key = self._index_key(operation)
+        entry = IndexEntry(
+            digest(operation.fingerprint), mutation.version, mutation.existed, loc.path
+        )
+        return IndexWrite(scope, key, entry.dump(), self._receipt_ttl)
 
     def _remember(self, path: str, version: str, record: FileRecord, size: int) -> None:
         self._forget(path)
