@@ -645,8 +645,13 @@ class SessionStore(KVBackedStore):
         lock = self._queue_enter(session_id)
         try:
             try:
-                async with asyncio.timeout_at(deadline):
+                if self._queues[session_id][1] == 1:
+                    # Nobody else of this store holds or waits for it: taken at once, so no
+                    # timer is armed (one per turn otherwise).
                     await lock.acquire()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        await lock.acquire()
             except TimeoutError:
                 raise SessionBusyError(
                     f"session {session_id!r} stayed busy for {timeout_seconds}s "
