@@ -170,11 +170,23 @@ class _DeadlineWatch:
         self.next_check: float | None = None
         self.generation = 0
 
+    #: the last loop asked for and its watch: nearly every call asks for the same loop, and
+    #: a ``WeakKeyDictionary`` lookup makes a weak reference each time
+    _last: ClassVar[tuple[int, weakref.ref[asyncio.AbstractEventLoop] | None, Any]] = (
+        0,
+        None,
+        None,
+    )
+
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _DeadlineWatch:
+        loop_id, ref, last = cls._last
+        if loop_id == id(loop) and ref is not None and ref() is loop:
+            return last  # type: ignore[no-any-return]
         watch = cls._by_loop.get(loop)
         if watch is None:
             watch = cls._by_loop[loop] = cls(loop)
+        cls._last = (id(loop), watch._loop, watch)
         return watch
 
     def enter(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ends: float) -> _Slot:
