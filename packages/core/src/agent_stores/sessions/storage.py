@@ -223,6 +223,8 @@ class _Planned:
     ref: ChunkRef | None = None
     blob: bytes | None = None
     messages: Sequence[ModelMessage] | None = None
+    #: what a reader decodes from ``blob``, when already known (a merge of cached chunks)
+    decoded: tuple[ModelMessage, ...] | None = None
 
 
 @dataclass
@@ -487,8 +489,10 @@ class KVSessionStorage:
         turn must see exactly what another process would read.
         """
         if planned.messages is not None and planned.blob is not None:
-            decoded = decode_messages(planned.blob, planned.count)
-            self.cache.put(scope, key, CachedChunk(planned.blob, tuple(decoded)))
+            decoded = planned.decoded
+            if decoded is None:
+                decoded = tuple(decode_messages(planned.blob, planned.count))
+            self.cache.put(scope, key, CachedChunk(planned.blob, decoded))
 
     async def _fetch_chunks(
         self, session_id: str, scope: str, refs: Sequence[ChunkRef]
@@ -745,12 +749,24 @@ class KVSessionStorage:
                     p.sealed = True
                 return
             blobs = []
+            # The merged chunk's decoded messages are its parts' (a JSON array joined from
+            # arrays decodes to their concatenation): parts decoded before (cached, or a
+            # merge's) are reused, and only a new spill is decoded, not the whole merge.
+            decoded: list[ModelMessage] = []
             for p in last:
                 if p.blob is not None:
                     blobs.append(p.blob)
+                    decoded += p.decoded or decode_messages(p.blob, p.count)
                 else:
                     assert p.ref is not None
-                    blobs.append(await self._chunk_raw(handle.session_id, handle.scope, p.ref))
+                    cached = self.cache.get(p.ref.home or handle.scope, p.ref.key)
+                    if cached is not None:
+                        blobs.append(cached.raw)
+                        decoded += cached.messages
+                    else:
+                        raw = await self._chunk_raw(handle.session_id, handle.scope, p.ref)
+                        blobs.append(raw)
+                        decoded += decode_messages(raw, p.count)
                     obsolete.append(p.ref)
             blob = join_arrays(blobs)
             count = sum(p.count for p in last)
@@ -762,6 +778,7 @@ class KVSessionStorage:
                 len(blob) >= self.chunk_bytes,
                 blob=blob,
                 messages=messages[start : start + count],
+                decoded=tuple(decoded) if len(decoded) == count else None,
             )
             planned[-f:] = [merged]
 
