@@ -153,7 +153,7 @@ class PostgresMemoryFloor:
 
 
 #: agent-stores' SQLite table (``agent_stores.backends.sqlite``), in the floor's own file
-_SQLITE_TABLE = (
+SQLITE_FLOOR_TABLE = (
     "CREATE TABLE kv (scope TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, "
     "version TEXT NOT NULL, expires_at REAL, PRIMARY KEY (scope, key))"
 )
@@ -167,7 +167,7 @@ class SQLiteMemoryFloor:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute(_SQLITE_TABLE)
+        conn.execute(SQLITE_FLOOR_TABLE)
         self._version = fresh_version()
         conn.execute(
             "INSERT INTO kv VALUES ('memory:floor', 'MEMORY.md', ?, ?, NULL)",

@@ -19,8 +19,9 @@ the harness on PostgreSQL.
 
 Floors, in the same trials: the 64 x 8 Redis row done by redis-py and Pydantic AI alone
 (a turn's two ``EVALSHA`` with agent-stores' argument shapes, the inline tail's decode and
-encode, nothing else), the step append done by psycopg alone (agent-stores' one
-journal statement on one held connection and cursor), and the memory CAS write with
+encode, nothing else), the step append done by psycopg and by ``sqlite3`` alone
+(agent-stores' one journal statement on one held connection and cursor; the SQLite journal
+port's transaction inline), each encoding the event, and the memory CAS write with
 receipt and read done by psycopg and by ``sqlite3`` alone, encoding and decoding the
 record (:mod:`memory_floors`). No
 store built on those clients can beat its floor, so each floor bounds the ratio any
@@ -37,6 +38,7 @@ import argparse
 import asyncio
 import gc
 import itertools
+import json
 import os
 import sqlite3
 import statistics
@@ -52,6 +54,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_floors import (
+    SQLITE_FLOOR_TABLE,
     MemoryFloor,
     PostgresMemoryFloor,
     SQLiteMemoryFloor,
@@ -849,13 +852,40 @@ async def section_memory(
             await closer()
 
 
-async def floor_journal(
-    pg_url: str, table: str
-) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
-    """The floor of a step append: agent-stores' one journal statement, prepared, on one
-    held psycopg connection and cursor (no pool, no store code), into a logged table shaped like
-    agent-stores' (durable commits, as the stores'), payload pre-encoded. Returns (one
-    append, close and drop the table)."""
+def floor_entry(event: Any, seq: int) -> bytes:
+    """A journal entry as a client of agent-stores' record shape writes it: the event's
+    fields as JSON, with its position (the floors' share of a step append's work)."""
+    return json.dumps(
+        {
+            "v": 1,
+            "seq": seq,
+            "event": {
+                "run_id": event.run_id,
+                "kind": event.kind,
+                "step_index": event.step_index,
+                "timestamp": event.timestamp.isoformat(),
+                "conversation_id": event.conversation_id,
+                "parent_run_id": event.parent_run_id,
+                "agent_name": event.agent_name,
+                "tool_call_id": event.tool_call_id,
+                "tool_name": event.tool_name,
+                "error": event.error,
+                "metadata": dict(event.metadata),
+                "idempotency_key": event.idempotency_key,
+            },
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+JournalFloor = tuple[Callable[[Any], Awaitable[None]], Callable[[], Awaitable[None]]]
+
+
+async def floor_journal(pg_url: str, table: str) -> JournalFloor:
+    """The floor of a step append on PostgreSQL: agent-stores' one journal statement,
+    prepared, on one held psycopg connection and cursor (no pool, no store code), into a
+    logged table shaped like agent-stores' (durable commits, as the stores'), the event
+    encoded by :func:`floor_entry`. Returns (append one event, close and drop the table)."""
     from agent_stores.kv.base import new_version
     from agent_stores_postgres.ports import _journal_append_sql  # the port's own statement
     from psycopg import sql
@@ -866,17 +896,16 @@ async def floor_journal(
         for replace in (False, True)
     }
     scope = "floor"
-    payload = b'{"event":{' + b"x" * 300 + b"}}"
     state: dict[str, Any] = {"seq": 0, "head": None}
     cursor = conn.cursor()
 
-    async def append() -> None:
+    async def append(event: Any) -> None:
         seq, head = state["seq"], state["head"]
         fresh = new_version()
         params: dict[str, Any] = {
             "scope": scope,
             "key": f"ev/{seq:08d}",
-            "value": payload,
+            "value": floor_entry(event, seq),
             "version": new_version(),
             "hkey": "head/ev",
             "hvalue": b'{"next":%d}' % (seq + 1),
@@ -898,80 +927,180 @@ async def floor_journal(
     return append, close
 
 
-async def section_steps(res: Results, pg_url: str, trials: int, ops: int) -> None:
-    import asyncpg
-    from agent_stores import connect
-    from pydantic_ai_harness.step_persistence import PostgresStepStore, RunRecord
+def sqlite_floor_journal(path: Path) -> JournalFloor:
+    """The floor of a step append on SQLite: the SQLite journal port's transaction
+    (``BEGIN IMMEDIATE``, the entry's absence checked, the counter's CAS, the entry
+    inserted, ``COMMIT``) by the stdlib ``sqlite3`` alone, inline, on one connection in
+    WAL with ``synchronous=NORMAL``, in a table shaped like agent-stores' (the memory
+    floor's), the event encoded by :func:`floor_entry`."""
+    from agent_stores.kv.base import new_version
 
-    print(
-        "\nstep append_event on PostgreSQL at 10 and 1,000 events, vs the harness PostgresStepStore"
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute(SQLITE_FLOOR_TABLE)
+    state: dict[str, Any] = {"seq": 0, "head": new_version()}
+    conn.execute(
+        "INSERT INTO kv VALUES ('floor', 'head/ev', ?, ?, NULL)", (b'{"next":0}', state["head"])
     )
+    live = "(expires_at IS NULL OR expires_at > ?)"
+
+    async def append(event: Any) -> None:
+        seq, head = state["seq"], state["head"]
+        now, key, fresh = time.time(), f"ev/{seq:08d}", new_version()
+        value = floor_entry(event, seq)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            taken = conn.execute(
+                f"SELECT value, version FROM kv WHERE scope = ? AND key = ? AND {live}",
+                ("floor", key, now),
+            ).fetchone()
+            assert taken is None
+            moved = conn.execute(
+                "UPDATE kv SET value = ?, version = ?, expires_at = ? "
+                f"WHERE scope = ? AND key = ? AND version = ? AND {live}",
+                (b'{"next":%d}' % (seq + 1), fresh, None, "floor", "head/ev", head, now),
+            ).rowcount
+            assert moved == 1
+            conn.execute(
+                "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
+                "version = excluded.version, expires_at = excluded.expires_at "
+                "WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?",
+                ("floor", key, value, new_version(), None, now),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        state["seq"], state["head"] = seq + 1, fresh
+
+    async def close() -> None:
+        conn.close()  # the file is in the bench's temporary folder, removed with it
+
+    return append, close
+
+
+StepGroup = tuple[str, Any, Any, JournalFloor, Callable[[], Awaitable[None]]]
+
+
+async def step_groups(pg_url: str | None, run: str, workdir: Path) -> list[StepGroup]:
+    """(label, our step store, the harness's, the floor, close all three) on PostgreSQL
+    and SQLite."""
+    from agent_stores import connect
+    from pydantic_ai_harness.step_persistence import PostgresStepStore, SqliteStepStore
+
+    groups: list[StepGroup] = []
+    if pg_url:
+        import asyncpg
+
+        pool = await asyncpg.create_pool(plain(pg_url), min_size=1, max_size=5)
+        cp = connect(in_schema(pg_url, f"bench_{run}_steps")).checkpointer(owns_kv=True)
+        await cp.setup()
+        floor = await floor_journal(pg_url, f"bench_{run}_floor")
+
+        async def close_pg() -> None:
+            await floor[1]()
+            await cp.aclose()
+            async with pool.acquire() as conn:
+                await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hsteps")
+                await conn.execute(f"DROP SCHEMA IF EXISTS bench_{run}_steps CASCADE")
+            await pool.close()
+
+        anchor = PostgresStepStore(pool, table=f"bench_{run}_hsteps")
+        groups.append(("PostgreSQL", cp.step_store(), anchor, floor, close_pg))
+    cp_sqlite = connect(f"sqlite:///{workdir}/ours-steps.db").checkpointer(owns_kv=True)
+    conn = sqlite3.connect(workdir / "harness-steps.db", timeout=30, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    sqlite_floor = sqlite_floor_journal(workdir / "floor-steps.db")
+
+    async def close_sqlite() -> None:
+        await sqlite_floor[1]()
+        await cp_sqlite.aclose()
+        conn.close()
+
+    groups.append(
+        (
+            "SQLite (WAL + NORMAL both)",
+            cp_sqlite.step_store(),
+            SqliteStepStore(connection=conn),
+            sqlite_floor,
+            close_sqlite,
+        )
+    )
+    return groups
+
+
+async def section_steps(
+    res: Results, pg_url: str | None, trials: int, ops: int, workdir: Path
+) -> None:
+    from pydantic_ai_harness.step_persistence import RunRecord
+
     run = uuid.uuid4().hex[:8]
-    pool = await asyncpg.create_pool(plain(pg_url), min_size=1, max_size=5)
-    cp = connect(in_schema(pg_url, f"bench_{run}_steps")).checkpointer(owns_kv=True)
-    await cp.setup()
-    stores = {
-        "ours": cp.step_store(),
-        "anchor": PostgresStepStore(pool, table=f"bench_{run}_hsteps"),
-    }
-    floor, close_floor = await floor_journal(pg_url, f"bench_{run}_floor")
-    try:
-        for length in (10, 1000):
-            runs: dict[str, str] = {}
-            counters: dict[str, int] = {}
-            for name, store in stores.items():
-                run_id = f"bench-{run}-{length}-{name}"
-                await store.register_run(
-                    RunRecord(run_id=run_id, conversation_id=f"conv-{run_id}", agent_name="bench")
-                )
-                for i in range(length):
-                    await store.append_event(step_event(run_id, i))
-                runs[name], counters[name] = run_id, length
+    for label, ours, anchor, (floor, _), closer in await step_groups(pg_url, run, workdir):
+        print(f"\nstep append_event on {label} at 10 and 1,000 events, vs the harness step store")
+        stores = {"ours": ours, "anchor": anchor}
+        driver = "psycopg" if label == "PostgreSQL" else "sqlite3"
+        alone = "one statement" if label == "PostgreSQL" else "one transaction"
+        try:
+            for length in (10, 1000):
+                runs: dict[str, str] = {}
+                counters: dict[str, int] = {}
+                for name, store in stores.items():
+                    run_id = f"bench-{run}-{length}-{name}"
+                    await store.register_run(
+                        RunRecord(
+                            run_id=run_id, conversation_id=f"conv-{run_id}", agent_name="bench"
+                        )
+                    )
+                    for i in range(length):
+                        await store.append_event(step_event(run_id, i))
+                    runs[name], counters[name] = run_id, length
+                runs["floor"], counters["floor"] = f"bench-{run}-{length}-floor", 0
 
-            async def append(
-                name: str, runs: dict[str, str] = runs, counters: dict[str, int] = counters
-            ) -> None:
-                if name == "floor":
-                    await floor()
-                    return
-                event = step_event(runs[name], counters[name])
-                counters[name] += 1
-                await stores[name].append_event(event)
+                async def append(
+                    name: str,
+                    runs: dict[str, str] = runs,
+                    counters: dict[str, int] = counters,
+                    floor: Callable[[Any], Awaitable[None]] = floor,
+                    stores: dict[str, Any] = stores,
+                ) -> None:
+                    event = step_event(runs[name], counters[name])
+                    counters[name] += 1
+                    if name == "floor":
+                        await floor(event)
+                    else:
+                        await stores[name].append_event(event)
 
-            # One append each in turn (who goes first rotates every append), as for memory.
-            names = ["ours", "anchor", "floor"]
-            samples: dict[str, list[float]] = {n: [] for n in names}
-            per_trial: list[dict[str, float]] = []
-            for _trial in range(trials):
-                got: dict[str, list[float]] = {n: [] for n in names}
-                gc.collect()
-                for i in range(ops):
-                    for name in rotated(names, i):
-                        t0 = time.perf_counter()
-                        await append(name)
-                        got[name].append(time.perf_counter() - t0)
-                for name, values in got.items():
-                    samples[name] += values
-                per_trial.append({n: statistics.median(v) for n, v in got.items()})
-            res.add(
-                time_row(f"step append_event at {length} events, PostgreSQL", samples, per_trial)
-            )
-            res.floor(
-                time_row(
-                    f"step append at {length} events: psycopg alone, one statement",
-                    samples,
-                    per_trial,
-                    ours="floor",
+                # One append each in turn (who goes first rotates every append), as for memory.
+                names = ["ours", "anchor", "floor"]
+                samples: dict[str, list[float]] = {n: [] for n in names}
+                per_trial: list[dict[str, float]] = []
+                for _trial in range(trials):
+                    got: dict[str, list[float]] = {n: [] for n in names}
+                    gc.collect()
+                    for i in range(ops):
+                        for name in rotated(names, i):
+                            t0 = time.perf_counter()
+                            await append(name)
+                            got[name].append(time.perf_counter() - t0)
+                    for name, values in got.items():
+                        samples[name] += values
+                    per_trial.append({n: statistics.median(v) for n, v in got.items()})
+                what = f"step append_event at {length} events, {label}"
+                res.add(time_row(what, samples, per_trial))
+                res.floor(
+                    time_row(
+                        f"step append at {length} events, {label}: {driver} alone, {alone}",
+                        samples,
+                        per_trial,
+                        ours="floor",
+                    )
                 )
-            )
-            floor_fact(res, f"step append_event at {length} events, PostgreSQL", samples)
-    finally:
-        await close_floor()
-        await cp.aclose()
-        async with pool.acquire() as conn:
-            await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hsteps")
-            await conn.execute(f"DROP SCHEMA IF EXISTS bench_{run}_steps CASCADE")
-        await pool.close()
+                floor_fact(res, what, samples)
+        finally:
+            await closer()
 
 
 # -- output -------------------------------------------------------------------------------
@@ -1058,7 +1187,8 @@ def markdown(
             "two `EVALSHA` per turn with agent-stores' argument shapes plus Pydantic AI's decode",
             "of the inline tail handed to the caller and encode of the tail saved back; for the",
             "step append, agent-stores' one journal statement sent by psycopg on one held",
-            "connection and cursor (no pool), payload pre-encoded; for the memory CAS write",
+            "connection and cursor (no pool), or the SQLite journal port's transaction by the",
+            "stdlib `sqlite3` inline, each encoding the event (JSON); for the memory CAS write",
             "with receipt and the read, the memory port's own statement (PostgreSQL) or",
             "transaction (SQLite) and the KV's `SELECT`, by psycopg on one held connection or",
             "by the stdlib `sqlite3` inline, each write encoding its record (JSON) and each",
@@ -1112,8 +1242,8 @@ async def main_async(args: argparse.Namespace) -> Results:
         await section_postgres_rt(res, args.postgres, 6)
     if wanted("memory"):
         await section_memory(res, args.postgres, trials, 20 if quick else 50, workdir)
-    if args.postgres and wanted("steps"):
-        await section_steps(res, args.postgres, trials, 20 if quick else 50)
+    if wanted("steps"):
+        await section_steps(res, args.postgres, trials, 20 if quick else 50, workdir)
     return res
 
 
