@@ -18,6 +18,7 @@ from agent_stores.sessions.records import (
     effect_calls_succeeded,
     encode_messages,
     encode_state,
+    extends_prefix,
     is_extension,
     join_arrays,
     split_parts,
@@ -149,6 +150,21 @@ def test_messages_helpers() -> None:
     assert not is_extension(b + a, a)
     # Equal but distinct objects count as the same message.
     assert is_extension([ModelRequest(parts=[UserPromptPart("a", timestamp=prompt.timestamp)])], a)
+    # extends_prefix answers is_extension of the two prefixes, identity first, equality after.
+    twin: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart("a", timestamp=prompt.timestamp)])
+    ]
+    for new, old, count in [
+        (a + b, a + b, 2),
+        (a + b, a, 1),
+        (twin + b, a + b, 2),
+        (b + a, a + b, 2),
+        (a + b, b, 1),
+        (a, a + b, 2),
+        (a + b, a + a, 1),
+        (a + b, a + a, 2),
+    ]:
+        assert extends_prefix(new, old, count) == is_extension(new[:count], old[:count])
 
 
 def test_effect_calls_succeeded() -> None:

@@ -123,7 +123,7 @@ from .records import (
     effect_calls_succeeded,
     encode_messages,
     encode_state,
-    is_extension,
+    extends_prefix,
     join_arrays,
     split_parts,
     without_last,
@@ -649,7 +649,7 @@ class KVSessionStorage:
         header = handle.header
         chunked = header.message_count - header.tail_count
         obsolete: list[ChunkRef] = []
-        if len(messages) >= chunked and is_extension(messages[:chunked], handle.messages[:chunked]):
+        if len(messages) >= chunked and extends_prefix(messages, handle.messages, chunked):
             planned = [_Planned(c.count, c.size, c.level, c.sealed, ref=c) for c in header.chunks]
             tail_messages = messages[chunked:]
         else:
@@ -1559,7 +1559,7 @@ class KVSessionStorage:
         count = marked.get("count")
         if messages is None or count is None:
             return marked
-        if len(messages) >= count and is_extension(messages[:count], handle.messages[:count]):
+        if len(messages) >= count and extends_prefix(messages, handle.messages, count):
             return marked
         return {"fence": handle.fence, "count": None}
 
