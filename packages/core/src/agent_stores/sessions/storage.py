@@ -584,15 +584,19 @@ class KVSessionStorage:
             raise self._invalid(session_id, str(exc)) from None
         return messages
 
-    async def _chunk_raw(self, session_id: str, scope: str, ref: ChunkRef) -> bytes:
-        cached = self.cache.get(ref.home or scope, ref.key)
-        if cached is not None:
-            return cached.raw
-        try:
-            got = (await self._fetch_chunks(session_id, scope, [ref]))[ref.key]
-            return got.raw if isinstance(got, CachedChunk) else got
-        except _MissingChunk as exc:
-            raise self._invalid(session_id, f"history chunk {exc} is missing") from None
+    async def _chunk_content(
+        self, session_id: str, scope: str, ref: ChunkRef
+    ) -> tuple[bytes, Sequence[ModelMessage]]:
+        """A chunk's raw JSON and its messages: the cached ones, or read and decoded
+        (``SESSION_INVALID`` when missing or undecodable)."""
+        got: bytes | CachedChunk | None = self.cache.get(ref.home or scope, ref.key)
+        if got is None:
+            try:
+                got = (await self._fetch_chunks(session_id, scope, [ref]))[ref.key]
+            except _MissingChunk as exc:
+                raise self._invalid(session_id, f"history chunk {exc} is missing") from None
+        raw = got.raw if isinstance(got, CachedChunk) else got
+        return raw, self._chunk_messages(session_id, ref, got)
 
     async def _refresh_chunks(
         self,
@@ -614,17 +618,20 @@ class KVSessionStorage:
             if not due and not (unshare and ref.home is not None):
                 out.chunks.append(ref)
                 continue
-            raw = await self._chunk_raw(session_id, scope, ref)
-            cached = self.cache.get(ref.home or scope, ref.key)
+            raw, messages = await self._chunk_content(session_id, scope, ref)
             # The copy is cached under its new key, so an acquire reading the chunks in the
             # same round trip as the save that creates the copy never has to fetch it.
-            try:
-                messages = cached.messages if cached else decode_messages(raw, ref.count)
-            except RecordError as exc:
-                raise self._invalid(session_id, f"history chunk {ref.key}: {exc}") from None
             copy, write = self._new_chunk(
                 scope,
-                _Planned(ref.count, ref.size, ref.level, ref.sealed, blob=raw, messages=messages),
+                _Planned(
+                    ref.count,
+                    ref.size,
+                    ref.level,
+                    ref.sealed,
+                    blob=raw,
+                    messages=messages,
+                    decoded=tuple(messages),
+                ),
                 now,
             )
             out.chunks.append(copy)
@@ -759,14 +766,9 @@ class KVSessionStorage:
                     decoded += p.decoded or decode_messages(p.blob, p.count)
                 else:
                     assert p.ref is not None
-                    cached = self.cache.get(p.ref.home or handle.scope, p.ref.key)
-                    if cached is not None:
-                        blobs.append(cached.raw)
-                        decoded += cached.messages
-                    else:
-                        raw = await self._chunk_raw(handle.session_id, handle.scope, p.ref)
-                        blobs.append(raw)
-                        decoded += decode_messages(raw, p.count)
+                    raw, stored = await self._chunk_content(handle.session_id, handle.scope, p.ref)
+                    blobs.append(raw)
+                    decoded += stored
                     obsolete.append(p.ref)
             blob = join_arrays(blobs)
             count = sum(p.count for p in last)
