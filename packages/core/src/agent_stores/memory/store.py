@@ -352,36 +352,36 @@ class KVMemoryStore(KVBackedStore):
                 # Versions are never reused: the record this store decoded or wrote before.
                 record = known[1]
             else:
-                record = FileRecord.load(entry.value, where=repr(f"{loc.scope}/{loc.name}"))
+                decoded = self._decode(entry, loc)
+                assert decoded is not None  # entry is not None
+                record = decoded
                 if record.live:
                     self._remember(loc.path, entry.version, record, len(entry.value))
             if not record.live:
                 return None
             if record.content is not None and not record.metadata_chunks:
                 # Content and metadata inside the record: nothing more to read.
-                return _harness.MemoryFile(
-                    content=record.content[:max_chars],
-                    version=str(record.version),
-                    operation_id=record.operation_id,
-                    truncated=record.length > max_chars,
-                    metadata=_harness.decode_metadata(record.metadata),
+                content, metadata = record.content[:max_chars], record.metadata
+            else:
+                fetched = await self._fetch(
+                    loc.scope, [(loc.name, record)], max_chars, metadata=True
                 )
-            fetched = await self._fetch(loc.scope, [(loc.name, record)], max_chars, metadata=True)
-            if loc.name in fetched:
+                if loc.name not in fetched:
+                    if record.token == previous_token:
+                        raise CorruptRecordError(
+                            detail=f"memory file {path!r} (version {record.version}): chunks "
+                            f"of its current version are missing or damaged"
+                        )
+                    previous_token = record.token
+                    continue
                 content, metadata = fetched[loc.name]
-                return _harness.MemoryFile(
-                    content=content,
-                    version=str(record.version),
-                    operation_id=record.operation_id,
-                    truncated=record.length > max_chars,
-                    metadata=_harness.decode_metadata(metadata),
-                )
-            if record.token == previous_token:
-                raise CorruptRecordError(
-                    detail=f"memory file {path!r} (version {record.version}): chunks of its "
-                    f"current version are missing or damaged"
-                )
-            previous_token = record.token
+            return _harness.MemoryFile(
+                content=content,
+                version=str(record.version),
+                operation_id=record.operation_id,
+                truncated=record.length > max_chars,
+                metadata=_harness.decode_metadata(metadata),
+            )
         raise BackendUnavailableError(detail=f"memory file {path!r} kept changing while being read")
 
     @telemetry.traced("memory.get_operation")
@@ -1444,36 +1444,28 @@ class KVMemoryStore(KVBackedStore):
         version = new_version()
         live = record is not None
         mutation = _harness.MemoryMutation(version=version, replayed=False, existed=live)
+        new_record: FileRecord | None = None
+        staged: _Staged | None = None
         if record is not None and not record.receipts:
-            # The common replace (content and metadata inline, no receipts to keep): the
-            # record and the index entry straight to the port, nothing else to plan.
-            inline = FileRecord(
-                live=True,
+            # The common replace: no receipts to keep, content and metadata inline when they
+            # fit (the cheapest shape, tried without planning the others).
+            inline = _shaped_record(
+                _SHAPES[0],
+                content,
+                metadata,
+                None,
                 version=version,
                 operation_id=operation.id if operation is not None else None,
-                length=len(content),
-                content=content,
-                metadata=metadata,
+                receipts=[],
                 written_at=int(now),
             )
-            value = inline.encoded()
-            if len(value) <= self._record_bytes:
-                index = None if operation is None else self._index_write(operation, mutation, loc)
-                try:
-                    stored = await self._port.write(
-                        FileWrite(loc.scope, loc.name, value, entry_version, None, index, ())
-                    )
-                except ConflictError:
-                    self._forget(loc.path)
-                    return None, None
-                self._remember(loc.path, stored, inline, len(value))
-                if record.token:
-                    await self._after_landing(loc, record, inline)
-                return mutation, None
-        receipts = self._receipts(record, operation, version, live, now)
-        new_record, staged = await self._live_record(
-            loc, content, metadata, version, operation, receipts, None, now
-        )
+            if self._fits(inline):
+                new_record = inline
+        if new_record is None:
+            receipts = self._receipts(record, operation, version, live, now)
+            new_record, staged = await self._live_record(
+                loc, content, metadata, version, operation, receipts, None, now
+            )
         markers = [] if live else self._missing_markers(loc.directory)
         try:
             await self._write(loc, new_record, entry_version, None, operation, mutation, markers)
