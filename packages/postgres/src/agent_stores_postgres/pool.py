@@ -397,6 +397,9 @@ class LoopBoundPool:
         """Keep ``conn`` back for the next caller (no one is waiting for the pool, it is
         idle, not held for :data:`HOLD_SECONDS` yet), or return it to ``pool``."""
         generation = self._generation
+        kept_before = generation is not None and generation.lent is conn
+        if generation is not None and kept_before:
+            generation.lent = None
         if conn in self._switched:
             self._switched.discard(conn)
             if not conn.closed:
@@ -413,14 +416,11 @@ class LoopBoundPool:
             and conn not in self._unpooled
         ):
             now = time.monotonic()
-            if generation.lent is not conn:
+            if not kept_before:  # a stretch of keeping back begins
                 generation.hold_until = now + HOLD_SECONDS
-            if generation.lent is not conn or now < generation.hold_until:
-                generation.lent = None
+            if now < generation.hold_until:
                 generation.held = conn
                 return
-        if generation is not None and generation.lent is conn:
-            generation.lent = None
         await self._give_back(pool, conn)
 
     async def _give_back(self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any]) -> None:

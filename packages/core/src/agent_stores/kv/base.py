@@ -98,7 +98,7 @@ async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
     try:
         return await call
     except asyncio.CancelledError:
-        if not slot.fired or task.uncancel() > slot.cancelling:
+        if not slot.cut_off():
             raise  # cancelled by someone else
         raise BackendUnavailableError(
             detail=f"{kv.describe()} did not answer within {deadline:g} s "
@@ -129,7 +129,7 @@ async def within_seconds(seconds: float | None, call: Awaitable[T]) -> T:
     try:
         return await call
     except asyncio.CancelledError:
-        if not slot.fired or task.uncancel() > slot.cancelling:
+        if not slot.cut_off():
             raise  # cancelled by someone else
         raise TimeoutError(f"no answer within {seconds:g} s") from None
     finally:
@@ -146,6 +146,11 @@ class _Slot:
         self.ends = ends
         self.cancelling = task.cancelling()
         self.fired = False
+
+    def cut_off(self) -> bool:
+        """On a cancellation of the task: True when it was this slot's timer alone (the
+        cancellation is then taken back), False when someone else cancelled it too."""
+        return self.fired and self.task.uncancel() <= self.cancelling
 
 
 class _DeadlineWatch:
