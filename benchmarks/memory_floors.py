@@ -160,14 +160,63 @@ SQLITE_FLOOR_TABLE = (
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
 
 
+def wal_connection(path: Path, **options: Any) -> sqlite3.Connection:
+    """A ``sqlite3`` connection in WAL with ``synchronous=NORMAL`` (agent-stores' own
+    setting), for the floors and the harness's stores alike."""
+    conn: sqlite3.Connection = sqlite3.connect(path, check_same_thread=False, **options)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    return conn
+
+
+def sqlite_floor_file(path: Path) -> sqlite3.Connection:
+    """A new floor database: autocommit connection (see :func:`wal_connection`), the table."""
+    conn = wal_connection(path, isolation_level=None)
+    conn.execute(SQLITE_FLOOR_TABLE)
+    return conn
+
+
+def floor_transaction(
+    conn: sqlite3.Connection,
+    absent: tuple[str, str],
+    swap: tuple[str, str, bytes, str, str],
+    create: tuple[str, str, bytes, str, float | None],
+) -> None:
+    """The SQLite ports' transaction shape, by ``sqlite3`` alone: ``absent`` (scope, key)
+    checked absent, ``swap`` (scope, key, value, new version, expected version) replaced
+    by CAS, ``create`` (scope, key, value, version, expiry) inserted, one commit."""
+    now = time.time()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        taken = conn.execute(
+            f"SELECT version FROM kv WHERE scope = ? AND key = ? AND {_LIVE}", (*absent, now)
+        ).fetchone()
+        assert taken is None
+        scope, key, value, version, expected = swap
+        done = conn.execute(
+            f"UPDATE kv SET value = ?, version = ?, expires_at = ? "
+            f"WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
+            (value, version, None, scope, key, expected, now),
+        ).rowcount
+        assert done == 1
+        conn.execute(
+            "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
+            "version = excluded.version, expires_at = excluded.expires_at "
+            "WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?",
+            (*create, now),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
 class SQLiteMemoryFloor:
     """See the module docstring."""
 
     def __init__(self, path: Path) -> None:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute(SQLITE_FLOOR_TABLE)
+        conn = sqlite_floor_file(path)
         self._version = fresh_version()
         conn.execute(
             "INSERT INTO kv VALUES ('memory:floor', 'MEMORY.md', ?, ?, NULL)",
@@ -176,52 +225,23 @@ class SQLiteMemoryFloor:
         self._conn = conn
 
     async def write(self, content: str) -> None:
-        c = self._conn
         version, op = fresh_version(), fresh_version()
-        now = time.time()
         iscope = f"memory:~ops/{op[:2]}"
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            taken = c.execute(
-                f"SELECT version FROM kv WHERE scope = ? AND key = ? AND {_LIVE}",
-                (iscope, op, now),
-            ).fetchone()
-            assert taken is None
-            done = c.execute(
-                f"UPDATE kv SET value = ?, version = ?, expires_at = ? "
-                f"WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
-                (
-                    record(content, version),
-                    version,
-                    None,
-                    "memory:floor",
-                    "MEMORY.md",
-                    self._version,
-                    now,
-                ),
-            ).rowcount
-            assert done == 1
-            c.execute(
-                "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
-                "version = excluded.version, expires_at = excluded.expires_at "
-                "WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?",
-                (
-                    iscope,
-                    op,
-                    receipt("MEMORY.md", version),
-                    fresh_version(),
-                    now + RECEIPT_SECONDS,
-                    now,
-                ),
-            )
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+        floor_transaction(
+            self._conn,
+            (iscope, op),
+            ("memory:floor", "MEMORY.md", record(content, version), version, self._version),
+            (
+                iscope,
+                op,
+                receipt("MEMORY.md", version),
+                fresh_version(),
+                time.time() + RECEIPT_SECONDS,
+            ),
+        )
         self._version = version
 
-    async def read(self) -> bytes:
+    async def read(self) -> str:
         row = self._conn.execute(
             "SELECT value, version, expires_at FROM kv WHERE scope = ? AND key = ?",
             ("memory:floor", "MEMORY.md"),

@@ -40,7 +40,6 @@ import gc
 import itertools
 import json
 import os
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -54,11 +53,13 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_floors import (
-    SQLITE_FLOOR_TABLE,
     MemoryFloor,
     PostgresMemoryFloor,
     SQLiteMemoryFloor,
+    floor_transaction,
     postgres_floor_table,
+    sqlite_floor_file,
+    wal_connection,
 )
 from proxy import DelayProxy
 
@@ -684,6 +685,14 @@ async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: s
         await close(store)
 
 
+async def drop_and_close(pool: Any, anchor_table: str, our_schema: str) -> None:
+    """Drop a group's PostgreSQL tables (the anchor's, our schema) and close the anchor's pool."""
+    async with pool.acquire() as conn:
+        await conn.execute(f"DROP TABLE IF EXISTS {anchor_table}")
+        await conn.execute(f"DROP SCHEMA IF EXISTS {our_schema} CASCADE")
+    await pool.close()
+
+
 MemoryGroup = tuple[str, Any, Any, MemoryFloor, Callable[[], Awaitable[None]]]
 
 
@@ -707,16 +716,11 @@ async def memory_groups(pg_url: str | None, run: str, workdir: Path) -> list[Mem
         async def close_pg() -> None:
             await pg_floor.close()
             await ours.aclose()
-            async with pool.acquire() as conn:
-                await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hmem")
-                await conn.execute(f"DROP SCHEMA IF EXISTS bench_{run}_mem CASCADE")
-            await pool.close()
+            await drop_and_close(pool, f"bench_{run}_hmem", f"bench_{run}_mem")
 
         groups.append(("PostgreSQL", ours, theirs, pg_floor, close_pg))
     ours_sqlite = connect(f"sqlite:///{workdir}/ours-memory.db").memory(owns_kv=True)
-    conn = sqlite3.connect(workdir / "harness-memory.db", timeout=30, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
+    conn = wal_connection(workdir / "harness-memory.db", timeout=30)
     theirs_sqlite = SqliteMemoryStore(connection=conn)
     sqlite_floor = SQLiteMemoryFloor(workdir / "floor-memory.db")
 
@@ -912,51 +916,27 @@ async def floor_journal(pg_url: str, table: str) -> JournalFloor:
 
 
 def sqlite_floor_journal(path: Path) -> JournalFloor:
-    """The floor of a step append on SQLite: the SQLite journal port's transaction
-    (``BEGIN IMMEDIATE``, the entry's absence checked, the counter's CAS, the entry
-    inserted, ``COMMIT``) by the stdlib ``sqlite3`` alone, inline, on one connection in
-    WAL with ``synchronous=NORMAL``, in a table shaped like agent-stores' (the memory
-    floor's), the event encoded by :func:`floor_entry`."""
+    """The floor of a step append on SQLite: the SQLite journal port's transaction (the
+    entry's absence checked, the counter's CAS, the entry inserted, one commit) by the
+    stdlib ``sqlite3`` alone (:func:`memory_floors.floor_transaction`), the event encoded
+    by :func:`floor_entry`."""
     from agent_stores.kv.base import new_version
 
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute(SQLITE_FLOOR_TABLE)
+    conn = sqlite_floor_file(path)
     state: dict[str, Any] = {"seq": 0, "head": new_version()}
     conn.execute(
         "INSERT INTO kv VALUES ('floor', 'head/ev', ?, ?, NULL)", (b'{"next":0}', state["head"])
     )
-    live = "(expires_at IS NULL OR expires_at > ?)"
 
     async def append(event: Any) -> None:
         seq, head = state["seq"], state["head"]
-        now, key, fresh = time.time(), f"ev/{seq:08d}", new_version()
-        value = floor_entry(event, seq)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            taken = conn.execute(
-                f"SELECT value, version FROM kv WHERE scope = ? AND key = ? AND {live}",
-                ("floor", key, now),
-            ).fetchone()
-            assert taken is None
-            moved = conn.execute(
-                "UPDATE kv SET value = ?, version = ?, expires_at = ? "
-                f"WHERE scope = ? AND key = ? AND version = ? AND {live}",
-                (b'{"next":%d}' % (seq + 1), fresh, None, "floor", "head/ev", head, now),
-            ).rowcount
-            assert moved == 1
-            conn.execute(
-                "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
-                "version = excluded.version, expires_at = excluded.expires_at "
-                "WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?",
-                ("floor", key, value, new_version(), None, now),
-            )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        key, fresh = f"ev/{seq:08d}", new_version()
+        floor_transaction(
+            conn,
+            ("floor", key),
+            ("floor", "head/ev", b'{"next":%d}' % (seq + 1), fresh, head),
+            ("floor", key, floor_entry(event, seq), new_version(), None),
+        )
         state["seq"], state["head"] = seq + 1, fresh
 
     async def close() -> None:
@@ -986,17 +966,12 @@ async def step_groups(pg_url: str | None, run: str, workdir: Path) -> list[StepG
         async def close_pg() -> None:
             await floor[1]()
             await cp.aclose()
-            async with pool.acquire() as conn:
-                await conn.execute(f"DROP TABLE IF EXISTS bench_{run}_hsteps")
-                await conn.execute(f"DROP SCHEMA IF EXISTS bench_{run}_steps CASCADE")
-            await pool.close()
+            await drop_and_close(pool, f"bench_{run}_hsteps", f"bench_{run}_steps")
 
         anchor = PostgresStepStore(pool, table=f"bench_{run}_hsteps")
         groups.append(("PostgreSQL", cp.step_store(), anchor, floor, close_pg))
     cp_sqlite = connect(f"sqlite:///{workdir}/ours-steps.db").checkpointer(owns_kv=True)
-    conn = sqlite3.connect(workdir / "harness-steps.db", timeout=30, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
+    conn = wal_connection(workdir / "harness-steps.db", timeout=30)
     sqlite_floor = sqlite_floor_journal(workdir / "floor-steps.db")
 
     async def close_sqlite() -> None:
