@@ -52,6 +52,7 @@ from agent_stores.errors import ConfigError, ConflictError
 from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
+from .numbered import NumberedStatement
 from .pool import write_cursor
 
 #: The second fence field of an acquired header (the lease's; the first ends HEADER_START).
@@ -235,7 +236,8 @@ class PostgresSessionPort:
                 detail=f"PostgresSessionPort needs a PostgresKV, got {type(kv).__name__}"
             )
         self.kv = kv
-        self._acquire_sql = sql.SQL(_ACQUIRE).format(kv=kv.names.kv).as_bytes(None)
+        # Over psycopg's 4 KiB cache limit for converted statements: converted once here.
+        self._acquire = NumberedStatement(sql.SQL(_ACQUIRE).format(kv=kv.names.kv).as_bytes(None))
         self._save_sql = sql.SQL(_SAVE).format(kv=kv.names.kv).as_bytes(None)
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
@@ -281,7 +283,7 @@ class PostgresSessionPort:
 
         async def run(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]] | None:
             try:
-                cur = await conn.execute(self._acquire_sql, params, binary=True)
+                cur = await self._acquire.execute(conn, params, binary=True)
             except psycopg.errors.DataError:
                 return None  # a header the server cannot read: the generic path reports it
             return await cur.fetchall()
