@@ -138,3 +138,34 @@ def test_cli_forks_rewinds_lists_and_restores(tmp_path: Path) -> None:
     assert failed.exit_code == 1 and "past the end" in failed.output
     failed = runner.invoke(cli, ["sessions", url, "restore", "chat", "nope"])
     assert failed.exit_code == 1 and "no branch" in failed.output
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/late.db"])
+async def test_a_late_cleanup_keeps_chunks_a_restore_brought_back(url: str, tmp_path: Path) -> None:
+    """A restore lets go of the chunks it replaced in the background; when another client
+    restores them before that cleanup runs (a slow process, a starved event loop), the
+    cleanup finds them in the state again and deletes nothing."""
+    store = open_sessions(url.format(tmp=tmp_path), tail_bytes=300, fanout=2)
+    try:
+        sid = "late"
+        for i in range(5):
+            async with store.turn(sid) as s:
+                s.replace([*s.messages, *exchange(f"t{i}")])
+        first = await store.rewind(sid, 2)
+        async with store.turn(sid) as s:
+            s.replace([*s.messages, *exchange("other")])
+        scope = store.storage.scope_for(sid)
+        entry = await store.kv.get(scope, "state")
+        assert entry is not None
+        replaced = decode_state(entry.value)[0].chunks
+        assert replaced, "the alternative history is chunked"
+        second = await store.restore(sid, first.branch_id)
+        await store.restore(sid, second.branch_id)  # the replaced chunks are back
+        # The first restore's cleanup, had it run only now:
+        await store.storage.let_go(sid, scope, replaced)
+        info = await store.inspect(sid)
+        assert info is not None and info.problem is None
+        got = await store.read_messages(sid)
+        assert got is not None and len(got) == 4 * 2 + 4
+    finally:
+        await store.aclose()

@@ -791,15 +791,13 @@ class KVSessionStorage:
         if refs:
             self._spawn(self.let_go(session_id, scope, refs))
 
-    async def let_go(
-        self, session_id: str, scope: str, refs: Sequence[ChunkRef], *, state_gone: bool = False
-    ) -> None:
-        """Let go of ``refs``, which the state of ``scope`` no longer references (or which
-        ``state_gone``: the session was deleted) — called after that write landed."""
+    async def let_go(self, session_id: str, scope: str, refs: Sequence[ChunkRef]) -> None:
+        """Let go of ``refs``, which the state of ``scope`` no longer references (or the
+        session was deleted) — called after that write landed."""
         own = [r for r in refs if r.home is None or r.home == scope]
         homes = {r.home for r in refs if r.home is not None and r.home != scope}
         if own:
-            await self._collect(session_id, scope, own, check_state=state_gone)
+            await self._collect(session_id, scope, own)
         if homes:
             await self._update_pins(session_id, scope, homes, refs)
 
@@ -824,25 +822,25 @@ class KVSessionStorage:
 
         return await self._call(session_id, walk())
 
-    async def _collect(
-        self, session_id: str, scope: str, refs: Sequence[ChunkRef], *, check_state: bool
-    ) -> None:
+    async def _collect(self, session_id: str, scope: str, refs: Sequence[ChunkRef]) -> None:
         """Delete the chunks of ``refs`` (held in ``scope``) that nothing there names any
-        more: no branch, no pin and (``check_state``) not the scope's state.
+        more: no branch, no pin, not the scope's state.
 
         Read in this order — records, then state — because a restore writes its new branch,
         then the state, then deletes the branch it restored: whichever moment this lands
-        on, one of the reads sees the chunks it brings back.
+        on, one of the reads sees the chunks it brings back. The state is read even when
+        ``refs`` are chunks the state just stopped referencing: this runs in the
+        background, and a restore by another client (or a later turn of this one) may
+        have brought them back by the time it does.
         """
         protected = protected_keys(scope, await self._ref_records(session_id, scope, REF_PREFIX))
-        if check_state:
-            entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
-            if entry is not None:
-                try:
-                    header, _ = decode_state(entry.value)
-                except RecordError:
-                    return  # damaged: touch nothing
-                protected.update(r.key for r in header.chunks if r.home is None)
+        entry = await self._call(session_id, self.kv.get(scope, STATE_KEY))
+        if entry is not None:
+            try:
+                header, _ = decode_state(entry.value)
+            except RecordError:
+                return  # damaged: touch nothing
+            protected.update(r.key for r in header.chunks if r.home is None)
         doomed = [r for r in refs if r.key not in protected]
         for ref in doomed:
             self.cache.discard(scope, ref.key)
@@ -875,10 +873,7 @@ class KVSessionStorage:
             dropped = await self._set_pin(session_id, home, scope, needs.get(home, set()))
             if dropped:
                 await self._collect(
-                    session_id,
-                    home,
-                    [by_key[k] for k in sorted(dropped) if k in by_key],
-                    check_state=True,
+                    session_id, home, [by_key[k] for k in sorted(dropped) if k in by_key]
                 )
 
     async def _set_pin(
@@ -2080,7 +2075,7 @@ class KVSessionStorage:
                 kept = StateHeader()
             refs.update({(r.home or scope, r.key): r for r in kept.chunks})
             await self._call(session_id, self.kv.delete(scope, key))
-        await self.let_go(session_id, scope, list(refs.values()), state_gone=True)
+        await self.let_go(session_id, scope, list(refs.values()))
 
     async def _committed(self, session_id: str, scope: str) -> tuple[str, StateHeader, bytes, int]:
         """The session's state as committed (version, header, tail), and how many of its
@@ -2322,7 +2317,7 @@ class KVSessionStorage:
             written += len(value)
             await self._call(new_id, self.kv.create(target, STATE_KEY, value, ttl=self.ttl_seconds))
         except BaseException as exc:
-            self._spawn(self.let_go(new_id, target, plan.chunks, state_gone=True))
+            self._spawn(self.let_go(new_id, target, plan.chunks))
             if isinstance(exc, ConflictError):
                 raise SessionExistsError(
                     f"session {new_id!r} already exists", session_id=new_id
