@@ -196,6 +196,30 @@ async def test_session_save_is_one_transaction(sqlite_url: str) -> None:
         await sessions.aclose()
 
 
+async def test_session_turn_is_two_transactions(sqlite_url: str) -> None:
+    """A turn on SQLite is the acquire's transaction (state and hint read, lease taken)
+    and the save's: no statement outside them, warm or cold (another store object wrote
+    the session last: the acquire's transaction also reads the chunks it lacks)."""
+    async with connect(sqlite_url) as conn:
+        kv = conn.kv
+        assert isinstance(kv, SQLiteKV)
+        first, second = conn.sessions(tail_bytes=600), conn.sessions(tail_bytes=600)
+        trace = Trace()
+        await trace.attach(kv)
+        for i in range(6):
+            store = (first, second)[i % 2]
+            trace.statements.clear()
+            async with store.turn("s") as session:
+                assert len(session.messages) == 2 * i
+                session.replace([*session.messages, *pair(i)])
+            words = [s.strip().split()[0].upper() for s in trace.statements]
+            words = [w for w in words if w != "PRAGMA"]  # the busy timeout, inline or not
+            assert words.count("BEGIN") == 2 and trace.transactions() == 2, trace.statements
+            assert words[0] == "BEGIN", "nothing is read before the acquire's transaction"
+        for store in (first, second):
+            await store.aclose()
+
+
 async def test_generic_port_on_sqlite_still_passes_the_basics(sqlite_url: str) -> None:
     """The generic stores on the same file (no port) read what the native ones wrote."""
     async with connect(sqlite_url) as conn:

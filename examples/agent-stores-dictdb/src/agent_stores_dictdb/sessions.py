@@ -9,13 +9,11 @@ from agent_stores.backend import (
     AcquireReply,
     AcquireRequest,
     ConflictError,
-    Entry,
-    RecordError,
     SaveRequest,
     StateHeader,
     acquired_state,
     check_save,
-    decode_state,
+    decide_acquire,
     within_deadline,
 )
 
@@ -65,7 +63,7 @@ def acquire(
     if stored is None:  # absent or expired: a new session
         state: bytes | None = request.fresh_state()
     else:
-        decided = decide(stored.value, hint, request)
+        decided = decide_acquire(stored.value, hint, request)
         if isinstance(decided, AcquireReply):
             return decided
         state = acquired_state(
@@ -79,41 +77,6 @@ def acquire(
     if hint is not None and hint.value == request.store_id.encode():
         db.remove(scope, WAITER_KEY)  # this store waits no longer: room for the next hint
     return AcquireReply("acquired", version=version, state=state, parts=parts)
-
-
-def decide(
-    stored: bytes, hint: Entry | None, request: AcquireRequest
-) -> StateHeader | AcquireReply:
-    """The stored header when this acquire may take the lease, else the reply saying why not."""
-    try:
-        header, _ = decode_state(stored)
-    except RecordError:
-        return GENERIC  # damaged: the core reports it and overwrites nothing
-    lease = header.lease
-    if lease is not None and lease.expires_at > request.now and lease.owner != request.owner:
-        return AcquireReply(
-            "busy",
-            lease_expires_at=lease.expires_at,
-            holder=lease.owner,
-            waiter_hinted=hint is not None,
-        )
-    if (
-        header.released_by == request.store_id
-        and header.released_at is not None
-        and hint is not None
-        and hint.value != request.store_id.encode()
-    ):
-        retry_after = header.released_at + request.courtesy_seconds - request.now
-        if retry_after > 0:
-            return AcquireReply("courtesy", retry_after=retry_after)
-    if header.recovery:
-        return GENERIC  # the recovery latch is the core's to raise
-    horizon = request.refresh_horizon
-    if horizon is not None and any(
-        chunk.expires_at is not None and chunk.expires_at < horizon for chunk in header.chunks
-    ):
-        return GENERIC  # chunks due for re-copy: the core copies them
-    return header
 
 
 def parts_not_held(db: Database, request: AcquireRequest, header: StateHeader) -> dict[str, bytes]:

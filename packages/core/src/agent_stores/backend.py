@@ -96,6 +96,7 @@ if TYPE_CHECKING:
         acquired_header,
         acquired_state,
         check_save,
+        decide_acquire,
         fresh_state,
     )
     from .sessions.records import (
@@ -127,6 +128,7 @@ _LAZY = {
             "acquired_header",
             "acquired_state",
             "check_save",
+            "decide_acquire",
             "fresh_state",
         ],
         "agent_stores.sessions.port",
@@ -274,6 +276,7 @@ __all__ = [
     "check_file_write",
     "check_options",
     "check_save",
+    "decide_acquire",
     "decode_state",
     "encode_state",
     "fresh_state",

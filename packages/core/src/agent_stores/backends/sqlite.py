@@ -424,6 +424,25 @@ class SQLiteKV(KVStore):
         ).fetchone()
         return str(row[0]) if row else None
 
+    @staticmethod
+    def live_entries_in(
+        c: sqlite3.Connection, scope: str, keys: Sequence[str], now: float
+    ) -> dict[str, Entry]:
+        """The live entries of ``keys`` in ``scope`` on connection ``c``, by key (one statement)."""
+        rows = c.execute(
+            "SELECT key, value, version, expires_at FROM agent_stores_kv "
+            f"WHERE scope = ? AND key IN ({','.join('?' * len(keys))}) AND {_LIVE}",
+            (scope, *keys, now),
+        ).fetchall()
+        return {row[0]: Entry(bytes(row[1]), row[2], row[3]) for row in rows}
+
+    @classmethod
+    def delete_in(
+        cls, c: sqlite3.Connection, scope: str, key: str, expected: str | None, now: float
+    ) -> bool:
+        """Delete (if at ``expected``, when given) on ``c`` (inside :meth:`transaction`)."""
+        return cls._delete_in(c, scope, key, expected, now)
+
     @classmethod
     def create_in(
         cls,

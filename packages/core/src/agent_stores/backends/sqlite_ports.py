@@ -4,8 +4,9 @@ KV call.
 
 * memory — the record, its receipt index entry and the directory markers together
   (:class:`SQLiteMemoryPort`, atomic);
-* sessions — new history chunks and the fenced state together (:class:`SQLiteSessionPort`;
-  the acquire stays the generic one);
+* sessions — the acquire (state and hint read, the lease taken, the missing chunk parts
+  read) and the save (new history chunks and the fenced state) each in one transaction
+  (:class:`SQLiteSessionPort`);
 * checkpointer — the position counter and the entry together (:class:`SQLiteJournalPort`).
 
 The builtin plugin hands them to the core stores through the ``*_store`` hooks.
@@ -23,9 +24,20 @@ from ..checkpointer.port import AppendOutcome, AppendRequest, check_append
 from ..errors import ConflictError
 from ..kv.base import Entry
 from ..memory.port import MARKER_VALUE, FileWrite, check_file_write
-from ..sessions.port import GENERIC, AcquireReply, AcquireRequest, SaveRequest, check_save
-from ..sessions.records import STATE_KEY
+from ..sessions.port import (
+    GENERIC,
+    AcquireReply,
+    AcquireRequest,
+    SaveRequest,
+    acquired_state,
+    check_save,
+    decide_acquire,
+)
+from ..sessions.records import STATE_KEY, WAITER_KEY
 from .sqlite import SQLiteKV
+
+#: keys read by one ``IN (…)`` (SQLite allows 32,766 parameters a statement since 3.32)
+_KEYS_PER_STATEMENT = 500
 
 
 class SQLiteMemoryPort:
@@ -79,15 +91,62 @@ class SQLiteMemoryPort:
 
 
 class SQLiteSessionPort:
-    """:class:`~agent_stores.sessions.port.SessionPort` on :class:`SQLiteKV`: the save's chunks
-    and state in one transaction; the acquire is the generic one."""
+    """:class:`~agent_stores.sessions.port.SessionPort` on :class:`SQLiteKV`: the acquire
+    and the save each in one transaction (run inline when the connection is free)."""
 
     def __init__(self, kv: SQLiteKV) -> None:
         self.kv = kv
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
-        """``GENERIC``: the core's get + CAS (two jobs on a local file)."""
-        return GENERIC
+        """State and hint read, decided (:func:`decide_acquire`), the lease taken and the
+        parts of chunks not held read, in one transaction; an absent session is created."""
+        kv = self.kv
+        kv.check_open()
+        scope, now = request.scope, request.now
+        kv.check_ids(scope, STATE_KEY)
+        expires_at = kv.expires_at(request.ttl_seconds, now)  # refuses a TTL <= 0
+        limit = kv.limits.max_value_bytes
+
+        def op(c: sqlite3.Connection) -> AcquireReply:
+            found = kv.live_entries_in(c, scope, (STATE_KEY, WAITER_KEY), now)
+            stored, hint = found.get(STATE_KEY), found.get(WAITER_KEY)
+            if stored is None:  # absent or expired: a new session
+                state = request.fresh_state()
+                if len(state) > limit:
+                    return GENERIC  # the generic create refuses it
+                version = kv.create_in(c, scope, STATE_KEY, state, expires_at, now)
+                assert version is not None  # nothing live there, in this transaction
+                return AcquireReply("acquired", version=version, state=state)
+            decided = decide_acquire(stored.value, hint, request)
+            if isinstance(decided, AcquireReply):
+                return decided
+            state_or_none = acquired_state(
+                stored.value, owner=request.owner, lease_end=request.lease_end, now=now
+            )
+            if state_or_none is None or len(state_or_none) > limit:
+                return GENERIC  # a layout it cannot splice, or too big: the core decides
+            state = state_or_none
+            version = kv.replace_in(c, scope, STATE_KEY, state, stored.version, expires_at, now)
+            assert version is not None  # read in this transaction
+            if hint is not None and hint.value == request.store_id.encode():
+                # This store waits no longer: room for the next client's hint.
+                kv.delete_in(c, scope, WAITER_KEY, hint.version, now)
+            parts: dict[str, bytes] = {}
+            if request.load_history:
+                wanted = [
+                    key
+                    for chunk in decided.chunks
+                    if chunk.key not in request.held_chunks and chunk.home is None
+                    for key in chunk.part_keys()
+                ]
+                # A missing part (or another scope's) is left out: the core reads it.
+                for at in range(0, len(wanted), _KEYS_PER_STATEMENT):
+                    batch = wanted[at : at + _KEYS_PER_STATEMENT]
+                    for key, entry in kv.live_entries_in(c, scope, batch, now).items():
+                        parts[key] = entry.value
+            return AcquireReply("acquired", version=version, state=state, parts=parts)
+
+        return await kv.transaction(op)
 
     async def save(self, request: SaveRequest) -> str:
         """Chunk parts and the fenced state swap in one transaction."""

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from ..errors import ConflictError
-from ..kv.base import KVStore
-from .records import FORMAT, STATE_KEY
+from ..kv.base import Entry, KVStore
+from .records import FORMAT, STATE_KEY, RecordError, StateHeader, decode_state
 from .records import KEPT_FIELDS as KEPT_FIELDS  # part of the port's layout (public)
 
 #: Prefix every state header written by :func:`encode_state` and :func:`acquired_state`
@@ -225,6 +225,50 @@ def acquired_state(stored: bytes, *, owner: str, lease_end: float, now: float) -
     except ValueError:
         return None
     return acquired_header(fence + 1, owner, lease_end, now) + stored[kept:]
+
+
+def decide_acquire(
+    stored: bytes, hint: Entry | None, request: AcquireRequest
+) -> StateHeader | AcquireReply:
+    """What an acquire of a live stored state decides, as the generic code does: the
+    stored header when the lease may be taken (then write :func:`acquired_state`), else
+    the reply saying why not — ``busy`` (another owner's lease is live), ``courtesy`` (this
+    store just released it and another client's ``hint`` waits) or ``GENERIC`` (a header
+    that cannot be decoded, a recovery marker, chunks due for re-copy before
+    ``request.refresh_horizon``: the core handles those).
+
+    For ports that decide in Python, inside their database's transaction; ``hint`` is the
+    live waiting hint (``WAITER_KEY``) read in the same transaction, or None.
+    """
+    try:
+        header, _ = decode_state(stored)
+    except RecordError:
+        return GENERIC  # damaged: the core reports it and overwrites nothing
+    lease = header.lease
+    if lease is not None and lease.expires_at > request.now and lease.owner != request.owner:
+        return AcquireReply(
+            "busy",
+            lease_expires_at=lease.expires_at,
+            holder=lease.owner,
+            waiter_hinted=hint is not None,
+        )
+    if (
+        header.released_by == request.store_id
+        and header.released_at is not None
+        and hint is not None
+        and hint.value != request.store_id.encode()
+    ):
+        retry_after = header.released_at + request.courtesy_seconds - request.now
+        if retry_after > 0:
+            return AcquireReply("courtesy", retry_after=retry_after)
+    if header.recovery:
+        return GENERIC  # the recovery latch is the core's to raise
+    horizon = request.refresh_horizon
+    if horizon is not None and any(
+        chunk.expires_at is not None and chunk.expires_at < horizon for chunk in header.chunks
+    ):
+        return GENERIC  # chunks due for re-copy: the core copies them
+    return header
 
 
 def acquired_header(fence: int, owner: str, lease_end: float, now: float) -> bytes:
