@@ -15,7 +15,8 @@ warm (the store served the previous turn) and cold (another store object did); 6
 x 8 turns (turns/s, client CPU per turn); hand-overs with 8 tasks x 5 turns on one session
 and with 6 processes; memory write / create / read vs the harness on PostgreSQL and on
 SQLite (WAL + synchronous=NORMAL for both); step ``append_event`` at 10 and 1,000 events vs
-the harness on PostgreSQL.
+the harness on PostgreSQL and SQLite; the session turn on PostgreSQL and SQLite beside its
+floor only (no anchor has a session store on either).
 
 Floors, in the same trials: the 64 x 8 Redis row done by redis-py and Pydantic AI alone
 (a turn's two ``EVALSHA`` with agent-stores' argument shapes, the inline tail's decode and
@@ -23,7 +24,9 @@ encode, nothing else), the step append done by psycopg and by ``sqlite3`` alone
 (agent-stores' one journal statement on one held connection and cursor; the SQLite journal
 port's transaction inline), each encoding the event, and the memory CAS write with
 receipt and read done by psycopg and by ``sqlite3`` alone, encoding and decoding the
-record (:mod:`memory_floors`). No
+record (:mod:`memory_floors`), and the session turn on PostgreSQL and SQLite done by
+psycopg or ``sqlite3`` and Pydantic AI alone (two statements: the lease taken returning
+the state, the fenced save writing a spilled chunk with it; :mod:`session_floors`). No
 store built on those clients can beat its floor, so each floor bounds the ratio any
 design on them can reach.
 
@@ -45,7 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,7 @@ from memory_floors import (
     wal_connection,
 )
 from proxy import DelayProxy
+from session_floors import PostgresSessionFloor, SessionFloor, SQLiteSessionFloor
 
 # -- workload -----------------------------------------------------------------------------
 
@@ -1062,6 +1066,82 @@ async def section_steps(
             await closer()
 
 
+async def session_groups(
+    pg_url: str | None, run: str, workdir: Path
+) -> list[tuple[str, Any, SessionFloor]]:
+    """(label, our session store, the floor) on PostgreSQL and SQLite."""
+    groups: list[tuple[str, Any, SessionFloor]] = []
+    if pg_url:
+        ours = ours_sessions(in_schema(pg_url, f"bench_{run}_ses"))
+        await ours.kv.setup()
+        floor = await PostgresSessionFloor.open(plain(pg_url), f"bench_{run}_fses")
+        groups.append(("PostgreSQL", ours, floor))
+    ours_sqlite = ours_sessions(f"sqlite:///{workdir}/ours-sessions.db")
+    groups.append(
+        ("SQLite (WAL + NORMAL)", ours_sqlite, SQLiteSessionFloor(workdir / "floor-sessions.db"))
+    )
+    return groups
+
+
+async def section_session_floors(
+    res: Results, pg_url: str | None, sizes: list[int], trials: int, turns: int, workdir: Path
+) -> None:
+    """The session turn on PostgreSQL and SQLite beside its floor (no anchor has a session
+    store on either): one turn each in turn, who goes first rotating every turn."""
+    run = uuid.uuid4().hex[:8]
+    for label, ours, floor in await session_groups(pg_url, run, workdir):
+        print(f"\nsession turn on {label} (enter, read, replace +2 messages, exit), vs its floor")
+        try:
+            for size in sizes:
+                sid = f"f-{run}-{size}"
+                await set_history(ours, sid, size)
+                await floor.start(sid, history(size))
+                counter = itertools.count()
+
+                async def turn(
+                    name: str,
+                    sid: str = sid,
+                    counter: Iterator[int] = counter,
+                    floor: SessionFloor = floor,
+                    ours: Any = ours,
+                ) -> None:
+                    i = next(counter)
+                    if name == "floor":
+                        await floor.turn(sid, message_pair(100_000 + i))
+                    else:
+                        await one_turn(ours, sid, i)
+
+                for name in ("ours", "floor"):  # untimed: each has served a turn
+                    await turn(name)
+                samples: dict[str, list[float]] = {"ours": [], "floor": []}
+                cpu: dict[str, list[float]] = {"ours": [], "floor": []}  # the process's
+                for _trial in range(trials):
+                    gc.collect()
+                    for i in range(turns):
+                        for name in rotated(("ours", "floor"), i):
+                            c0, t0 = time.process_time(), time.perf_counter()
+                            await turn(name)
+                            samples[name].append(time.perf_counter() - t0)
+                            cpu[name].append(time.process_time() - c0)
+                what = f"session turn, history {size}, {label}"
+                per_turn = {n: med_ms(v) for n, v in cpu.items()}
+                res.fact(
+                    f"{what}: agent-stores | the client libraries alone (floor)",
+                    f"{timing(samples['ours'])}, CPU {per_turn['ours']:.2f} ms \\| "
+                    f"{timing(samples['floor'])}, CPU {per_turn['floor']:.2f} ms",
+                )
+                floor_fact(res, what, samples)
+                used = per_turn["ours"] / per_turn["floor"]
+                res.fact(
+                    f"{what}: agent-stores' client CPU per turn ÷ the floor's "
+                    f"(target ≤ {CPU_TARGET})",
+                    f"{used:.2f} ({'met' if used <= CPU_TARGET else 'missed'})",
+                )
+        finally:
+            await close(ours)
+            await floor.close()
+
+
 # -- output -------------------------------------------------------------------------------
 
 
@@ -1164,8 +1244,13 @@ def markdown(
             "transaction (SQLite) and the KV's `SELECT`, by psycopg on one held connection or",
             "by the stdlib `sqlite3` inline, each write encoding its record (JSON) and each",
             "read decoding the record it read into the content it returns, ids drawn by the",
-            "store's own generator (`benchmarks/memory_floors.py`). No store built on these",
-            "clients can beat its floor, so a target beyond it is out of reach with them.",
+            "store's own generator (`benchmarks/memory_floors.py`); for the session turn on",
+            "PostgreSQL and SQLite (no anchor: their figures are under *Other figures*), two",
+            "statements by psycopg or `sqlite3` — the lease taken by an `UPDATE … RETURNING`",
+            "the state, the fenced save, with a spilled chunk's insert when the tail overflows",
+            "— plus Pydantic AI's decode and encode of the tail (`benchmarks/session_floors.py`).",
+            "No store built on these clients can beat its floor, so a target beyond it is out",
+            "of reach with them.",
             "",
             "| what | floor ÷ anchor (range) | floor | anchor |",
             "|---|---|---|---|",
@@ -1215,11 +1300,29 @@ async def main_async(args: argparse.Namespace) -> Results:
         await section_memory(res, args.postgres, trials, 20 if quick else 50, workdir)
     if wanted("steps"):
         await section_steps(res, args.postgres, trials, 20 if quick else 50, workdir)
+    if wanted("session-floors"):
+        await section_session_floors(
+            res,
+            args.postgres,
+            [10, 100] if quick else [10, 100, 1000],
+            trials,
+            20 if quick else 50,
+            workdir,
+        )
     return res
 
 
 #: The sections ``--only`` may name, in the order they run.
-SECTIONS = ("turns", "wire", "concurrency", "handover", "pg-rt", "memory", "steps")
+SECTIONS = (
+    "turns",
+    "wire",
+    "concurrency",
+    "handover",
+    "pg-rt",
+    "memory",
+    "steps",
+    "session-floors",
+)
 
 
 def main() -> None:

@@ -1,0 +1,188 @@
+"""Floors of the session turn on PostgreSQL and SQLite: what any session store with
+leases and fencing does on the client with the database client and Pydantic AI alone,
+and no store code.
+
+A turn is two statements, the physical minimum of a store that takes a lease and saves
+fenced (the Redis floor's two ``EVALSHA`` in ``side_by_side.py`` likewise):
+
+1. take the lease: ``UPDATE … SET version = <new> … RETURNING value`` — the new version is
+   the fencing token, and the stored state comes back in the same statement;
+2. save: ``UPDATE … SET value = <new state>, version = <newer> WHERE version = <token>``.
+
+Between them the client decodes the inline tail it hands to the caller (Pydantic AI's
+``ModelMessagesTypeAdapter``), appends the turn's two messages and encodes the new tail;
+past agent-stores' 4 KiB tail bound the tail keeps its last message and the rest (cut
+from the encoded bytes, not encoded again) is written as a history chunk in the save's
+statement or transaction, as a store must to keep the history. The state is
+agent-stores' header line (:func:`~agent_stores.backend.acquired_header`) and the tail.
+
+* PostgreSQL: psycopg on one held autocommit connection and cursor, prepared statements.
+* SQLite: the stdlib ``sqlite3`` inline on one connection in WAL with
+  ``synchronous=NORMAL`` (agent-stores' setting), autocommit.
+
+Each floor writes into a table of its own shaped like agent-stores' (PostgreSQL: dropped
+after; SQLite: a file in the bench's temporary folder).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent_stores.backend import acquired_header, new_version
+from memory_floors import postgres_floor_table, sqlite_floor_file
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+#: agent-stores' inline tail bound (the core's default: 4 KiB), as the Redis floor's
+TAIL_BYTES = 4 << 10
+SCOPE_PREFIX = "sessions:floor/"
+
+
+def next_state(stored: bytes, added: Sequence[Any]) -> tuple[bytes, bytes | None]:
+    """The client's work between the statements: the tail decoded, ``added`` appended, the
+    new tail encoded behind the stored header line; past :data:`TAIL_BYTES` the tail keeps
+    its last message. Returns (new state, the spilled chunk or None)."""
+    cut = stored.index(b"\n") + 1
+    messages = ModelMessagesTypeAdapter.validate_json(stored[cut:])
+    new = [*messages, *added]
+    tail = ModelMessagesTypeAdapter.dump_json(new)
+    spilled = None
+    if len(tail) > TAIL_BYTES:
+        last = ModelMessagesTypeAdapter.dump_json(new[-1:])
+        # "[a,b,c]" is "[a,b" + "," + "c]": the chunk is the rest, without encoding it again
+        spilled = tail[: len(tail) - len(last)] + b"]"
+        tail = last
+    return stored[:cut] + tail, spilled
+
+
+def first_state(messages: Sequence[Any]) -> bytes:
+    now = time.time()
+    header = acquired_header(1, "floor-owner", now + 30, now)
+    return header + b"\n" + ModelMessagesTypeAdapter.dump_json(list(messages)[-1:])
+
+
+class SessionFloor(Protocol):
+    """Sessions turned by the client libraries alone."""
+
+    async def start(self, sid: str, messages: Sequence[Any]) -> None: ...
+    async def turn(self, sid: str, added: Sequence[Any]) -> None: ...
+    async def close(self) -> None: ...
+
+
+class PostgresSessionFloor:
+    """See the module docstring. Create with :meth:`open`."""
+
+    def __init__(
+        self, conn: Any, table: Any, take: bytes, save: bytes, spill: bytes, insert: bytes
+    ) -> None:
+        self._conn, self._table = conn, table
+        self._cursor = conn.cursor()
+        self._take, self._save, self._spill, self._insert = take, save, spill, insert
+
+    @classmethod
+    async def open(cls, url: str, table: str) -> PostgresSessionFloor:
+        from psycopg import sql
+
+        conn, name = await postgres_floor_table(url, table)
+
+        def text(statement: str) -> bytes:
+            return sql.SQL(statement).format(kv=name).as_bytes(None)
+
+        save = (
+            "UPDATE {kv} SET value = %(value)s, version = %(version)s, "
+            "expires_at = %(expires_at)s WHERE scope = %(scope)s AND key = 'state' "
+            "AND version = %(expected)s"
+        )
+        return cls(
+            conn,
+            name,
+            text(
+                "UPDATE {kv} SET version = %(version)s WHERE scope = %(scope)s "
+                "AND key = 'state' AND (expires_at IS NULL OR expires_at > %(now)s) "
+                "RETURNING value"
+            ),
+            text(save),
+            text(
+                "WITH chunk AS (INSERT INTO {kv} VALUES (%(scope)s, %(chunk_key)s, %(chunk)s, "
+                "%(chunk_version)s, %(expires_at)s)) " + save
+            ),
+            text("INSERT INTO {kv} VALUES (%s, 'state', %s, %s, NULL)"),
+        )
+
+    async def start(self, sid: str, messages: Sequence[Any]) -> None:
+        await self._conn.execute(
+            self._insert, (SCOPE_PREFIX + sid, first_state(messages), new_version())
+        )
+
+    async def turn(self, sid: str, added: Sequence[Any]) -> None:
+        cursor, scope, now = self._cursor, SCOPE_PREFIX + sid, time.time()
+        token = new_version()
+        await cursor.execute(
+            self._take, {"version": token, "scope": scope, "now": now}, prepare=True
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        state, spilled = next_state(row[0], added)
+        params = {
+            "value": state,
+            "version": new_version(),
+            "expires_at": now + 3600,
+            "scope": scope,
+            "expected": token,
+        }
+        if spilled is None:
+            await cursor.execute(self._save, params, prepare=True)
+        else:
+            params.update(chunk_key=f"h/{new_version()}", chunk=spilled, chunk_version=token)
+            await cursor.execute(self._spill, params, prepare=True)
+        assert cursor.rowcount == 1
+
+    async def close(self) -> None:
+        from psycopg import sql
+
+        await self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table))
+        await self._conn.close()
+
+
+class SQLiteSessionFloor:
+    """See the module docstring."""
+
+    def __init__(self, path: Path) -> None:
+        self._conn = sqlite_floor_file(path)
+
+    async def start(self, sid: str, messages: Sequence[Any]) -> None:
+        self._conn.execute(
+            "INSERT INTO kv VALUES (?, 'state', ?, ?, NULL)",
+            (SCOPE_PREFIX + sid, first_state(messages), new_version()),
+        )
+
+    async def turn(self, sid: str, added: Sequence[Any]) -> None:
+        conn, scope, now = self._conn, SCOPE_PREFIX + sid, time.time()
+        token = new_version()
+        row = conn.execute(
+            "UPDATE kv SET version = ? WHERE scope = ? AND key = 'state' "
+            "AND (expires_at IS NULL OR expires_at > ?) RETURNING value",
+            (token, scope, now),
+        ).fetchall()  # all: the statement (and its write) ends with its last row
+        assert len(row) == 1
+        state, spilled = next_state(row[0][0], added)
+        if spilled is not None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO kv VALUES (?, ?, ?, ?, ?)",
+                (scope, f"h/{new_version()}", spilled, token, now + 3600),
+            )
+        done = conn.execute(
+            "UPDATE kv SET value = ?, version = ?, expires_at = ? "
+            "WHERE scope = ? AND key = 'state' AND version = ?",
+            (state, new_version(), now + 3600, scope, token),
+        ).rowcount
+        if spilled is not None:
+            conn.execute("COMMIT")
+        assert done == 1
+
+    async def close(self) -> None:
+        # The file is in the bench's temporary folder, removed with it.
+        self._conn.close()
