@@ -49,7 +49,7 @@ from ..errors import (
     CorruptRecordError,
     ResourceClosedError,
 )
-from ..kv.base import Entry, KVStore, random_hex, within_deadline
+from ..kv.base import Delete, Entry, KVStore, random_hex, within_deadline
 from .cache import CachedChunk, ChunkCache
 from .catalog import (
     ERASING_KEY,
@@ -141,6 +141,9 @@ _ERASE_PASSES = 5
 
 #: Branch and pin records read in one request before deleting chunks (more: a paged walk).
 _REF_PAGE = 100
+#: chunk parts deleted by one ``commit`` when collecting (within every backend's limit on
+#: operations per transaction: DynamoDB and Cosmos DB take 100)
+_DELETES_PER_COMMIT = 50
 
 #: Tries of a fork whose source keeps dropping the chunks it pinned (turns merging them).
 _FORK_ATTEMPTS = 8
@@ -844,7 +847,14 @@ class KVSessionStorage:
         doomed = [r for r in refs if r.key not in protected]
         for ref in doomed:
             self.cache.discard(scope, ref.key)
-        await asyncio.gather(*(self.kv.delete(scope, k) for r in doomed for k in r.part_keys()))
+        keys = [k for r in doomed for k in r.part_keys()]
+        if not self.kv.capabilities.commit:
+            await asyncio.gather(*(self.kv.delete(scope, k) for k in keys))
+            return
+        # One request (and one commit) for many parts instead of a request each.
+        for at in range(0, len(keys), _DELETES_PER_COMMIT):
+            batch = keys[at : at + _DELETES_PER_COMMIT]
+            await self.kv.commit(scope, [Delete(k) for k in batch])
 
     async def _update_pins(
         self, session_id: str, scope: str, homes: set[str], refs: Sequence[ChunkRef]
