@@ -103,6 +103,8 @@ _UPGRADE = (
 )
 
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
+#: keys read by one ``IN (…)`` (SQLite allows 32,766 parameters a statement since 3.32)
+_KEYS_PER_STATEMENT = 500
 
 
 def _prefix_range(sql: str, params: list[Any], column: str, prefix: str) -> tuple[str, list[Any]]:
@@ -425,16 +427,23 @@ class SQLiteKV(KVStore):
         return str(row[0]) if row else None
 
     @staticmethod
-    def live_entries_in(
-        c: sqlite3.Connection, scope: str, keys: Sequence[str], now: float
+    def entries_in(
+        c: sqlite3.Connection, scope: str, keys: Sequence[str], now: float | None = None
     ) -> dict[str, Entry]:
-        """The live entries of ``keys`` in ``scope`` on connection ``c``, by key (one statement)."""
-        rows = c.execute(
-            "SELECT key, value, version, expires_at FROM agent_stores_kv "
-            f"WHERE scope = ? AND key IN ({','.join('?' * len(keys))}) AND {_LIVE}",
-            (scope, *keys, now),
-        ).fetchall()
-        return {row[0]: Entry(bytes(row[1]), row[2], row[3]) for row in rows}
+        """The entries of ``keys`` in ``scope`` on connection ``c``, by key: the live ones
+        at ``now``, or (None) expired ones too. One statement per 500 keys."""
+        live, extra = ("", ()) if now is None else (f" AND {_LIVE}", (now,))
+        out: dict[str, Entry] = {}
+        for start in range(0, len(keys), _KEYS_PER_STATEMENT):
+            chunk = keys[start : start + _KEYS_PER_STATEMENT]
+            marks = ",".join("?" * len(chunk))
+            for key, value, version, expires_at in c.execute(
+                "SELECT key, value, version, expires_at FROM agent_stores_kv "
+                f"WHERE scope = ? AND key IN ({marks}){live}",
+                (scope, *chunk, *extra),
+            ):
+                out[key] = Entry(bytes(value), version, expires_at)
+        return out
 
     @classmethod
     def delete_in(
@@ -515,19 +524,7 @@ class SQLiteKV(KVStore):
         return await self._run(_get_op(scope, key))
 
     async def _get_many(self, scope: str, keys: Sequence[str]) -> Mapping[str, Entry]:
-        def op(c: sqlite3.Connection) -> dict[str, Entry]:
-            out: dict[str, Entry] = {}
-            for start in range(0, len(keys), 500):
-                chunk = list(keys[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                for key, value, version, expires_at in c.execute(
-                    f"SELECT key, value, version, expires_at FROM agent_stores_kv WHERE scope = ? AND key IN ({marks})",
-                    (scope, *chunk),
-                ):
-                    out[key] = Entry(bytes(value), version, expires_at)
-            return out
-
-        return await self._run(op)
+        return await self._run(lambda c: self.entries_in(c, scope, keys))
 
     @staticmethod
     def _create_in(

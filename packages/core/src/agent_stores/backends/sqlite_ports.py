@@ -36,9 +36,6 @@ from ..sessions.port import (
 from ..sessions.records import STATE_KEY, WAITER_KEY
 from .sqlite import SQLiteKV
 
-#: keys read by one ``IN (…)`` (SQLite allows 32,766 parameters a statement since 3.32)
-_KEYS_PER_STATEMENT = 500
-
 
 class SQLiteMemoryPort:
     """:class:`~agent_stores.memory.port.MemoryPort` on :class:`SQLiteKV`: one transaction a write."""
@@ -108,24 +105,23 @@ class SQLiteSessionPort:
         limit = kv.limits.max_value_bytes
 
         def op(c: sqlite3.Connection) -> AcquireReply:
-            found = kv.live_entries_in(c, scope, (STATE_KEY, WAITER_KEY), now)
+            found = kv.entries_in(c, scope, (STATE_KEY, WAITER_KEY), now)
             stored, hint = found.get(STATE_KEY), found.get(WAITER_KEY)
             if stored is None:  # absent or expired: a new session
-                state = request.fresh_state()
-                if len(state) > limit:
+                fresh = request.fresh_state()
+                if len(fresh) > limit:
                     return GENERIC  # the generic create refuses it
-                version = kv.create_in(c, scope, STATE_KEY, state, expires_at, now)
-                assert version is not None  # nothing live there, in this transaction
-                return AcquireReply("acquired", version=version, state=state)
+                created = kv.create_in(c, scope, STATE_KEY, fresh, expires_at, now)
+                assert created is not None  # nothing live there, in this transaction
+                return AcquireReply("acquired", version=created, state=fresh)
             decided = decide_acquire(stored.value, hint, request)
             if isinstance(decided, AcquireReply):
                 return decided
-            state_or_none = acquired_state(
+            state = acquired_state(
                 stored.value, owner=request.owner, lease_end=request.lease_end, now=now
             )
-            if state_or_none is None or len(state_or_none) > limit:
+            if state is None or len(state) > limit:
                 return GENERIC  # a layout it cannot splice, or too big: the core decides
-            state = state_or_none
             version = kv.replace_in(c, scope, STATE_KEY, state, stored.version, expires_at, now)
             assert version is not None  # read in this transaction
             if hint is not None and hint.value == request.store_id.encode():
@@ -140,10 +136,8 @@ class SQLiteSessionPort:
                     for key in chunk.part_keys()
                 ]
                 # A missing part (or another scope's) is left out: the core reads it.
-                for at in range(0, len(wanted), _KEYS_PER_STATEMENT):
-                    batch = wanted[at : at + _KEYS_PER_STATEMENT]
-                    for key, entry in kv.live_entries_in(c, scope, batch, now).items():
-                        parts[key] = entry.value
+                read = kv.entries_in(c, scope, wanted, now)
+                parts = {key: entry.value for key, entry in read.items()}
             return AcquireReply("acquired", version=version, state=state, parts=parts)
 
         return await kv.transaction(op)
