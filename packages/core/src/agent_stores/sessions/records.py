@@ -482,9 +482,12 @@ def is_extension(new: Sequence[ModelMessage], old: Sequence[ModelMessage]) -> bo
 
 
 def extends_prefix(new: Sequence[ModelMessage], old: Sequence[ModelMessage], count: int) -> bool:
-    """``is_extension(new[:count], old[:count])`` without copying the two prefixes (a
-    turn of a long history asks this of thousands of messages)."""
-    if len(new) >= count and all(map(operator.is_, islice(new, count), islice(old, count))):
+    """``new`` holds at least ``count`` messages and ``is_extension(new[:count],
+    old[:count])``, without copying the two prefixes (a turn of a long history asks this
+    of thousands of messages)."""
+    if len(new) < count:
+        return False
+    if all(map(operator.is_, islice(new, count), islice(old, count))):
         return True
     return is_extension(new[:count], old[:count])
 

@@ -659,7 +659,7 @@ class KVSessionStorage:
         header = handle.header
         chunked = header.message_count - header.tail_count
         obsolete: list[ChunkRef] = []
-        if len(messages) >= chunked and extends_prefix(messages, handle.messages, chunked):
+        if extends_prefix(messages, handle.messages, chunked):
             planned = [_Planned(c.count, c.size, c.level, c.sealed, ref=c) for c in header.chunks]
             tail_messages = messages[chunked:]
         else:
@@ -1566,7 +1566,7 @@ class KVSessionStorage:
         count = marked.get("count")
         if messages is None or count is None:
             return marked
-        if len(messages) >= count and extends_prefix(messages, handle.messages, count):
+        if extends_prefix(messages, handle.messages, count):
             return marked
         return {"fence": handle.fence, "count": None}
 
