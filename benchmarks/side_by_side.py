@@ -199,6 +199,31 @@ async def interleaved(
     return samples, per_trial
 
 
+async def one_at_a_time(
+    run: Callable[[str], Awaitable[None]], names: Sequence[str], trials: int, ops: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]], list[dict[str, float]]]:
+    """``run(name)`` for each of ``names`` in turn, ``ops`` times a trial, who goes first
+    rotating every operation (a disk or server whose speed drifts within seconds then
+    weighs on all alike). Returns every sample's wall time and process CPU time by name,
+    and each trial's median wall times."""
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    per_trial: list[dict[str, float]] = []
+    for _trial in range(trials):
+        got: dict[str, list[float]] = {n: [] for n in names}
+        gc.collect()
+        for i in range(ops):
+            for name in rotated(names, i):
+                c0, t0 = time.process_time(), time.perf_counter()
+                await run(name)
+                got[name].append(time.perf_counter() - t0)
+                cpu[name].append(time.process_time() - c0)
+        for name, values in got.items():
+            samples[name] += values
+        per_trial.append({n: statistics.median(v) for n, v in got.items()})
+    return samples, cpu, per_trial
+
+
 def time_row(
     what: str,
     samples: dict[str, list[float]],
@@ -1036,21 +1061,9 @@ async def section_steps(
                     else:
                         await stores[name].append_event(event)
 
-                # One append each in turn (who goes first rotates every append), as for memory.
-                names = ["ours", "anchor", "floor"]
-                samples: dict[str, list[float]] = {n: [] for n in names}
-                per_trial: list[dict[str, float]] = []
-                for _trial in range(trials):
-                    got: dict[str, list[float]] = {n: [] for n in names}
-                    gc.collect()
-                    for i in range(ops):
-                        for name in rotated(names, i):
-                            t0 = time.perf_counter()
-                            await append(name)
-                            got[name].append(time.perf_counter() - t0)
-                    for name, values in got.items():
-                        samples[name] += values
-                    per_trial.append({n: statistics.median(v) for n, v in got.items()})
+                samples, _, per_trial = await one_at_a_time(
+                    append, ("ours", "anchor", "floor"), trials, ops
+                )
                 what = f"step append_event at {length} events, {label}"
                 res.add(time_row(what, samples, per_trial))
                 res.floor(
@@ -1113,16 +1126,7 @@ async def section_session_floors(
 
                 for name in ("ours", "floor"):  # untimed: each has served a turn
                     await turn(name)
-                samples: dict[str, list[float]] = {"ours": [], "floor": []}
-                cpu: dict[str, list[float]] = {"ours": [], "floor": []}  # the process's
-                for _trial in range(trials):
-                    gc.collect()
-                    for i in range(turns):
-                        for name in rotated(("ours", "floor"), i):
-                            c0, t0 = time.process_time(), time.perf_counter()
-                            await turn(name)
-                            samples[name].append(time.perf_counter() - t0)
-                            cpu[name].append(time.process_time() - c0)
+                samples, cpu, _ = await one_at_a_time(turn, ("ours", "floor"), trials, turns)
                 what = f"session turn, history {size}, {label}"
                 per_turn = {n: med_ms(v) for n, v in cpu.items()}
                 res.fact(
