@@ -161,13 +161,13 @@ class SQLiteSessionFloor:
     async def turn(self, sid: str, added: Sequence[Any]) -> None:
         conn, scope, now = self._conn, SCOPE_PREFIX + sid, time.time()
         token = new_version()
-        row = conn.execute(
+        rows = conn.execute(
             "UPDATE kv SET version = ? WHERE scope = ? AND key = 'state' "
             "AND (expires_at IS NULL OR expires_at > ?) RETURNING value",
             (token, scope, now),
         ).fetchall()  # all: the statement (and its write) ends with its last row
-        assert len(row) == 1
-        state, spilled = next_state(row[0][0], added)
+        assert len(rows) == 1
+        state, spilled = next_state(rows[0][0], added)
         if spilled is not None:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(
