@@ -13,7 +13,9 @@ the work any client of this record shape does (and the harness's stores do for t
   connection is free; the read is the KV's ``SELECT``.
 
 Each floor writes into a table of its own shaped like agent-stores' (PostgreSQL: dropped
-after; SQLite: a file in the bench's temporary folder).
+after; SQLite: a file in the bench's temporary folder), its partial index on
+``expires_at`` included: a row written with an expiry costs an index entry to any store
+that can find its expired rows without reading the whole table.
 """
 
 from __future__ import annotations
@@ -70,6 +72,11 @@ async def postgres_floor_table(url: str, table: str) -> tuple[Any, Any]:
             "value bytea NOT NULL, version text NOT NULL, expires_at double precision, "
             "PRIMARY KEY (scope, key))"
         ).format(name)
+    )
+    await conn.execute(
+        sql.SQL("CREATE INDEX {} ON {} (expires_at) WHERE expires_at IS NOT NULL").format(
+            sql.Identifier(f"{table}_expiry"), name
+        )
     )
     return conn, name
 
@@ -152,10 +159,12 @@ class PostgresMemoryFloor:
         await self._conn.close()
 
 
-#: agent-stores' SQLite table (``agent_stores.backends.sqlite``), in the floor's own file
+#: agent-stores' SQLite table and expiry index (``agent_stores.backends.sqlite``), in the
+#: floor's own file
 SQLITE_FLOOR_TABLE = (
     "CREATE TABLE kv (scope TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, "
-    "version TEXT NOT NULL, expires_at REAL, PRIMARY KEY (scope, key))"
+    "version TEXT NOT NULL, expires_at REAL, PRIMARY KEY (scope, key))",
+    "CREATE INDEX kv_expiry ON kv (expires_at) WHERE expires_at IS NOT NULL",
 )
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
 
@@ -172,7 +181,8 @@ def wal_connection(path: Path, **options: Any) -> sqlite3.Connection:
 def sqlite_floor_file(path: Path) -> sqlite3.Connection:
     """A new floor database: autocommit connection (see :func:`wal_connection`), the table."""
     conn = wal_connection(path, isolation_level=None)
-    conn.execute(SQLITE_FLOOR_TABLE)
+    for statement in SQLITE_FLOOR_TABLE:
+        conn.execute(statement)
     return conn
 
 
@@ -181,10 +191,12 @@ def floor_transaction(
     absent: tuple[str, str],
     swap: tuple[str, str, bytes, str, str],
     create: tuple[str, str, bytes, str, float | None],
+    swap_expires_at: float | None = None,
 ) -> None:
     """The SQLite ports' transaction shape, by ``sqlite3`` alone: ``absent`` (scope, key)
     checked absent, ``swap`` (scope, key, value, new version, expected version) replaced
-    by CAS, ``create`` (scope, key, value, version, expiry) inserted, one commit."""
+    by CAS with the expiry ``swap_expires_at``, ``create`` (scope, key, value, version,
+    expiry) inserted, one commit."""
     now = time.time()
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -196,7 +208,7 @@ def floor_transaction(
         done = conn.execute(
             f"UPDATE kv SET value = ?, version = ?, expires_at = ? "
             f"WHERE scope = ? AND key = ? AND version = ? AND {_LIVE}",
-            (value, version, None, scope, key, expected, now),
+            (value, version, swap_expires_at, scope, key, expected, now),
         ).rowcount
         assert done == 1
         conn.execute(

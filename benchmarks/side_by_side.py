@@ -204,8 +204,9 @@ async def one_at_a_time(
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], list[dict[str, float]]]:
     """``run(name)`` for each of ``names`` in turn, ``ops`` times a trial, who goes first
     rotating every operation (a disk or server whose speed drifts within seconds then
-    weighs on all alike). Returns every sample's wall time and process CPU time by name,
-    and each trial's median wall times."""
+    weighs on all alike). What ``run`` returns is awaited and timed; what it does before
+    returning (making the caller's inputs) is not. Returns every sample's wall time and
+    process CPU time by name, and each trial's median wall times."""
     samples: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     per_trial: list[dict[str, float]] = []
@@ -214,8 +215,9 @@ async def one_at_a_time(
         gc.collect()
         for i in range(ops):
             for name in rotated(names, i):
+                operation = run(name)
                 c0, t0 = time.process_time(), time.perf_counter()
-                await run(name)
+                await operation
                 got[name].append(time.perf_counter() - t0)
                 cpu[name].append(time.process_time() - c0)
         for name, values in got.items():
@@ -284,9 +286,13 @@ async def set_history(store: Any, sid: str, n: int) -> None:
 
 
 async def one_turn(store: Any, sid: str, i: int) -> None:
+    await turn_adding(store, sid, message_pair(100_000 + i))
+
+
+async def turn_adding(store: Any, sid: str, added: list[Any]) -> None:
     async with store.turn(sid, timeout_seconds=60) as s:
         messages = list(s.messages)
-        s.replace([*messages, *message_pair(100_000 + i)])
+        s.replace([*messages, *added])
 
 
 def proxied(url: str, proxy: DelayProxy) -> str:
@@ -778,15 +784,17 @@ async def memory_trial(
     gc.collect()
     # Half as many creates as writes: enough for a stable median (each create also writes
     # its directory markers, so its time spreads wider).
+    # The caller's inputs (content, operation) are made before the clock starts: only
+    # the store's work is timed.
     for k in range(max(3, ops // 2)):
         for name in rotated(("ours", "anchor"), k):
-            t0 = time.perf_counter()
-            await stores[name].write(
+            path, content, op = (
                 f"bench/{run}/{trial}-{name}-{k}/new.md",
                 memory_content(0),
-                expected_version=None,
-                operation=operation(),
+                operation(),
             )
+            t0 = time.perf_counter()
+            await stores[name].write(path, content, expected_version=None, operation=op)
             per["create"][name].append(time.perf_counter() - t0)
     paths = {name: f"bench/{run}/{trial}-{name}/MEMORY.md" for name in stores}
     versions = {}
@@ -797,16 +805,16 @@ async def memory_trial(
         versions[name] = m.version
     for i in range(1, ops + 1):
         for name in rotated(("ours", "anchor", "floor"), i):
-            t0 = time.perf_counter()
+            content = memory_content(i)
             if name == "floor":
-                await floor.write(memory_content(i))
+                t0 = time.perf_counter()
+                await floor.write(content)
                 per["write"][name].append(time.perf_counter() - t0)
                 continue
+            op = operation()
+            t0 = time.perf_counter()
             m = await stores[name].write(
-                paths[name],
-                memory_content(i),
-                expected_version=versions[name],
-                operation=operation(),
+                paths[name], content, expected_version=versions[name], operation=op
             )
             per["write"][name].append(time.perf_counter() - t0)
             versions[name] = m.version
@@ -898,16 +906,26 @@ def floor_entry(event: Any, seq: int) -> bytes:
 JournalFloor = tuple[Callable[[Any], Awaitable[None]], Callable[[], Awaitable[None]]]
 
 
+def run_expiry() -> float:
+    """When a run's records expire, as the step store writes them by default: every record
+    of a run at the same instant, its default TTL (30 days) from the run's first write."""
+    from agent_stores.checkpointer.space import DEFAULT_RUN_TTL_SECONDS
+
+    return time.time() + DEFAULT_RUN_TTL_SECONDS
+
+
 async def floor_journal(pg_url: str, table: str) -> JournalFloor:
     """The floor of a step append on PostgreSQL: agent-stores' one journal statement,
     prepared, on one held psycopg connection and cursor (no pool, no store code), into a
     logged table shaped like agent-stores' (durable commits, as the stores'), the event
-    encoded by :func:`floor_entry`. Returns (append one event, close and drop the table)."""
+    encoded by :func:`floor_entry`, entry and counter written with the run's expiry
+    (:func:`run_expiry`). Returns (append one event, close and drop the table)."""
     from agent_stores.kv.base import new_version
     from agent_stores_postgres.ports import _journal_append_sql  # the port's own statement
     from psycopg import sql
 
     conn, name = await postgres_floor_table(plain(pg_url), table)
+    expires_at = run_expiry()
     text = {
         replace: sql.SQL(_journal_append_sql(replace=replace)).format(kv=name).as_bytes(None)
         for replace in (False, True)
@@ -927,7 +945,7 @@ async def floor_journal(pg_url: str, table: str) -> JournalFloor:
             "hkey": "head/ev",
             "hvalue": b'{"next":%d}' % (seq + 1),
             "hversion_new": fresh,
-            "expires_at": None,
+            "expires_at": expires_at,
             "now": time.time(),
         }
         if head is not None:
@@ -948,13 +966,16 @@ def sqlite_floor_journal(path: Path) -> JournalFloor:
     """The floor of a step append on SQLite: the SQLite journal port's transaction (the
     entry's absence checked, the counter's CAS, the entry inserted, one commit) by the
     stdlib ``sqlite3`` alone (:func:`memory_floors.floor_transaction`), the event encoded
-    by :func:`floor_entry`."""
+    by :func:`floor_entry`, entry and counter written with the run's expiry
+    (:func:`run_expiry`)."""
     from agent_stores.kv.base import new_version
 
     conn = sqlite_floor_file(path)
+    expires_at = run_expiry()
     state: dict[str, Any] = {"seq": 0, "head": new_version()}
     conn.execute(
-        "INSERT INTO kv VALUES ('floor', 'head/ev', ?, ?, NULL)", (b'{"next":0}', state["head"])
+        "INSERT INTO kv VALUES ('floor', 'head/ev', ?, ?, ?)",
+        (b'{"next":0}', state["head"], expires_at),
     )
 
     async def append(event: Any) -> None:
@@ -964,7 +985,8 @@ def sqlite_floor_journal(path: Path) -> JournalFloor:
             conn,
             ("floor", key),
             ("floor", "head/ev", b'{"next":%d}' % (seq + 1), fresh, head),
-            ("floor", key, floor_entry(event, seq), new_version(), None),
+            ("floor", key, floor_entry(event, seq), new_version(), expires_at),
+            swap_expires_at=expires_at,
         )
         state["seq"], state["head"] = seq + 1, fresh
 
@@ -1047,19 +1069,19 @@ async def section_steps(
                     runs[name], counters[name] = run_id, length
                 runs["floor"], counters["floor"] = f"bench-{run}-{length}-floor", 0
 
-                async def append(
+                def append(
                     name: str,
                     runs: dict[str, str] = runs,
                     counters: dict[str, int] = counters,
                     floor: Callable[[Any], Awaitable[None]] = floor,
                     stores: dict[str, Any] = stores,
-                ) -> None:
+                ) -> Awaitable[None]:
+                    """The append to time, its event made now (the caller's input)."""
                     event = step_event(runs[name], counters[name])
                     counters[name] += 1
                     if name == "floor":
-                        await floor(event)
-                    else:
-                        await stores[name].append_event(event)
+                        return floor(event)
+                    return stores[name].append_event(event)  # type: ignore[no-any-return]
 
                 samples, _, per_trial = await one_at_a_time(
                     append, ("ours", "anchor", "floor"), trials, ops
@@ -1111,18 +1133,18 @@ async def section_session_floors(
                 await floor.start(sid, history(size))
                 counter = itertools.count()
 
-                async def turn(
+                def turn(
                     name: str,
                     sid: str = sid,
                     counter: Iterator[int] = counter,
                     floor: SessionFloor = floor,
                     ours: Any = ours,
-                ) -> None:
-                    i = next(counter)
+                ) -> Awaitable[None]:
+                    """The turn to time, its two new messages made now (the caller's input)."""
+                    added = message_pair(100_000 + next(counter))
                     if name == "floor":
-                        await floor.turn(sid, message_pair(100_000 + i))
-                    else:
-                        await one_turn(ours, sid, i)
+                        return floor.turn(sid, added)
+                    return turn_adding(ours, sid, added)
 
                 for name in ("ours", "floor"):  # untimed: each has served a turn
                     await turn(name)
