@@ -986,7 +986,11 @@ class KVSessionStorage:
     async def drain(self) -> None:
         """Wait for background chunk deletions (called when the store closes)."""
         while self._cleanup_tasks:
-            await asyncio.gather(*list(self._cleanup_tasks), return_exceptions=True)
+            tasks = list(self._cleanup_tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # Each task drops itself when done, but on CPython 3.13.0 a task's done callback
+            # was seen never to run: without this, the loop would then spin for ever.
+            self._cleanup_tasks.difference_update(tasks)
 
     # -- state writes ---------------------------------------------------------------------
 
