@@ -75,3 +75,32 @@ def test_erase_command_prints_a_report_to_keep(tmp_path: Path) -> None:
     assert text.exit_code == 0 and "0 entries left" in text.output, text.output
     missing = CliRunner().invoke(cli, ["erase", url])
     assert missing.exit_code == 2 and "--subject" in missing.output
+
+
+async def test_erasing_an_owner_spares_a_session_given_to_another_owner() -> None:
+    """A session given to another owner leaves the old owner's index in the background,
+    best effort. An erase of the old owner that still finds it listed there removes the
+    stale entry only: the session, another owner's now, is kept whole."""
+    async with connect("memory://erase-moved") as connection:
+        store = connection.sessions()
+        async with store.turn("s", owner="alice") as session:
+            session.replace([ModelRequest(parts=[UserPromptPart("hello")])])
+        alice_index = store.storage.catalog.scope_for("alice")
+        listed = {i.key: i.entry async for i in store.kv.iter_scan(alice_index) if i.entry}
+        assert listed
+        assert await store.set_catalog("s", owner="bob")
+        await store.storage.drain()
+        for key, entry in listed.items():  # as when the background removal did not happen
+            if await store.kv.get(alice_index, key) is None:
+                await store.kv.create(alice_index, key, entry.value)
+        assert "s" in await store.storage.catalog.named("alice")
+
+        report = await erase_subject("alice", sessions=store)
+
+        assert report.sessions == ()
+        assert report.entries_left == 0
+        assert "s" not in await store.storage.catalog.named("alice")
+        messages = await store.read_messages("s")
+        assert messages is not None and len(messages) == 1
+        info = await store.inspect("s")
+        assert info is not None and info.owner == "bob"

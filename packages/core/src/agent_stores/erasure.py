@@ -129,6 +129,8 @@ async def erase_subject(
         # Conversations first: the runs of a session are found through them even after
         # the session is gone (a resumed erase).
         for session_id in sorted(await sessions.storage.catalog.named(subject)):
+            if await sessions.storage.owned_by_another(session_id, subject):
+                continue  # given to another owner: its runs are not the subject's
             await index.add(subject, SubjectEntry("conversation", "", session_id))
         owner = await sessions.erase_owner(subject)
         done.sessions.update(dict.fromkeys(owner.sessions))

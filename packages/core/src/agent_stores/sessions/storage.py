@@ -2025,6 +2025,12 @@ class KVSessionStorage:
             if not named:
                 break
             for session_id, keys in sorted(named.items()):
+                if await self.owned_by_another(session_id, owner):
+                    # Given to another owner since: this index's entry is stale (the move
+                    # removes it in the background, best effort), the session not ours.
+                    for key in keys:
+                        await self._call(session_id, self.kv.delete(scope, key))
+                    continue
                 await self._call(session_id, self.kv.drop_scope(self.scope_for(session_id)))
                 await self._tombstone(scope, session_id)
                 for chunk_key in self.cache.keys(self.scope_for(session_id)):
@@ -2048,6 +2054,19 @@ class KVSessionStorage:
             started_at=started,
             finished_at=self.clock(),
         )
+
+    async def owned_by_another(self, session_id: str, owner: str) -> bool:
+        """True when the session's state names an owner other than ``owner`` (absent or
+        undecodable: False, so an erase drops what the owner's index names)."""
+        entry = await self._call(session_id, self.kv.get(self.scope_for(session_id), STATE_KEY))
+        if entry is None:
+            return False
+        try:
+            header, _ = decode_state(entry.value)
+        except RecordError:
+            return False
+        current = (header.catalog or {}).get("owner")
+        return current is not None and current != owner
 
     async def _tombstone(self, scope: str, session_id: str) -> None:
         """Refuse index writes for the erased session for two leases (a turn that held it
