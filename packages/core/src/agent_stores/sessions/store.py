@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .. import telemetry
+from ..eager import started
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore, random_hex
 from ..lifecycle import KVBackedStore
@@ -248,7 +249,7 @@ class Turn:
                 self.check_usable()
                 return await operation()
 
-        future = asyncio.ensure_future(run())
+        future = started(run())
         # If the caller was cancelled, the outcome is still consumed (no "never retrieved").
         future.add_done_callback(_consume)
         return await asyncio.shield(future)
@@ -442,7 +443,7 @@ class Turn:
             async with self._lock:
                 await operation()
 
-        future = asyncio.ensure_future(run())
+        future = started(run())
         future.add_done_callback(_consume)
         await asyncio.shield(future)
 
