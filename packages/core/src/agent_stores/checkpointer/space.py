@@ -167,9 +167,12 @@ class RunSpace:
         self._anchors: LRU[str, tuple[float, float]] = LRU(_CACHE_RUNS)
         # (run_id, log) -> (next position, head version)
         self._heads: LRU[tuple[str, str], tuple[int, str]] = LRU(_CACHE_RUNS * 4)
+        # One lock per (run_id, log) while anyone holds or awaits it; the logs written lately
+        # keep theirs (an append would otherwise make, register and drop a lock each time).
         self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
             weakref.WeakValueDictionary()
         )
+        self._recent_locks: LRU[tuple[str, str], asyncio.Lock] = LRU(_CACHE_RUNS * 4)
 
     # -- names --------------------------------------------------------------------------
 
@@ -246,10 +249,13 @@ class RunSpace:
 
     def _lock(self, run_id: str, log: str) -> asyncio.Lock:
         key = (run_id, log)
-        lock = self._locks.get(key)
+        lock = self._recent_locks.get(key)
         if lock is None:
-            lock = asyncio.Lock()
-            self._locks[key] = lock
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = asyncio.Lock()
+                self._locks[key] = lock
+            self._recent_locks.set(key, lock)
         return lock
 
     async def allocate(self, run_id: str, log: str, count: int = 1) -> int:
