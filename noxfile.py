@@ -618,7 +618,9 @@ SYNAPTUM_PYTHON = os.environ.get(
 
 @nox.session(python=SYNAPTUM_PYTHON)
 def synaptum(session: nox.Session) -> None:
-    """The Synaptum adapter tests, on Python 3.13 (Synaptum needs it)."""
+    """The Synaptum adapter tests, on Python 3.13 (Synaptum needs it); then, on the same
+    Python, the session contract on SQLite and memory:// (a turn's writes start eagerly
+    only on Python 3.12 and later: ``agent_stores.eager``)."""
     session.run_install(
         "uv",
         "sync",
@@ -649,6 +651,18 @@ def synaptum(session: nox.Session) -> None:
         "-k",
         "checkpointer.md",
     )
+    with tempfile.TemporaryDirectory(prefix="agent-stores-py313-") as folder:
+        for label, url in (
+            ("SQLite", f"sqlite:///{folder}/sessions.db"),
+            ("memory", "memory://"),
+        ):
+            _run_contract(
+                session,
+                f"{label}, Python 3.13",
+                url,
+                [],
+                suite="agent_stores_contract.suite.test_sessions",
+            )
 
 
 @nox.session(python=PYTHON)
