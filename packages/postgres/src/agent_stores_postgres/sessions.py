@@ -226,6 +226,14 @@ ch AS (
 SELECT (SELECT count(*) FROM st), (SELECT count(*) FROM ch)
 """
 
+#: The save of a turn that spilled no chunk: the fenced swap alone (no arrays to send).
+_SAVE_STATE: LiteralString = """
+UPDATE {kv}
+SET value = %(value)s, version = %(version)s, expires_at = %(expires_at)s::float8
+WHERE scope = %(scope)s AND key = %(state)s AND version = %(expected)s
+  AND (expires_at IS NULL OR expires_at > %(now)s)
+"""
+
 
 class PostgresSessionPort:
     """:class:`~agent_stores.sessions.SessionPort` on :class:`PostgresKV`: one statement per step."""
@@ -239,6 +247,7 @@ class PostgresSessionPort:
         # Over psycopg's 4 KiB cache limit for converted statements: converted once here.
         self._acquire = NumberedStatement(sql.SQL(_ACQUIRE).format(kv=kv.names.kv).as_bytes(None))
         self._save_sql = sql.SQL(_SAVE).format(kv=kv.names.kv).as_bytes(None)
+        self._save_state_sql = sql.SQL(_SAVE_STATE).format(kv=kv.names.kv).as_bytes(None)
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
         """One statement: decide, take the lease (or create the session), return the
@@ -309,7 +318,8 @@ class PostgresSessionPort:
         return AcquireReply("acquired", version=version, state=bytes(value), parts=parts)
 
     async def save(self, request: SaveRequest) -> str:
-        """The chunk parts and the fenced state swap in one statement (one commit)."""
+        """The chunk parts and the fenced state swap in one statement (one commit); the swap
+        alone when there are no parts."""
         kv = self.kv
         check_save(kv, request)
         keys: list[str] = []
@@ -330,14 +340,21 @@ class PostgresSessionPort:
             "expected": request.expected_version,
             "expires_at": kv.expires_at(request.ttl_seconds, now),
             "now": now,
-            "keys": keys,
-            "values": values,
-            "versions": [new_version() for _ in keys],
-            "expiries": expiries,
         }
+        if keys:
+            params.update(
+                keys=keys,
+                values=values,
+                versions=[new_version() for _ in keys],
+                expiries=expiries,
+            )
 
         async def run(conn: AsyncConnection[Any]) -> tuple[int, int]:
-            cur = await write_cursor(conn).execute(self._save_sql, params)
+            cursor = write_cursor(conn)
+            if not keys:
+                await cursor.execute(self._save_state_sql, params)
+                return cursor.rowcount, 0
+            cur = await cursor.execute(self._save_sql, params)
             row = await cur.fetchone()
             assert row is not None
             return int(row[0]), int(row[1])
