@@ -85,7 +85,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from .config import URL_OPTIONS, PostgresConfig
-from .pool import LoopBoundPool, WriteCursorConnection
+from .pool import KEPT_READ_BYTES, LoopBoundPool, WriteCursorConnection, read_cursor
 from .schema import SCHEMA_VERSION, SchemaVersionError, TableNames, check_server, read_version
 from .schema import setup_schema as _setup_schema
 
@@ -579,9 +579,14 @@ class PostgresKV(KVStore):
 
     async def _get(self, scope: str, key: str) -> Entry | None:
         async def run(conn: AsyncConnection[Any]) -> Entry | None:
-            cur = await conn.execute(self._sql.get, (scope, key), binary=True)
+            cur = await read_cursor(conn).execute(self._sql.get, (scope, key), binary=True)
             row = await cur.fetchone()
-            return Entry(bytes(row[0]), row[1], row[2]) if row is not None else None
+            if row is None:
+                return None
+            value = bytes(row[0])
+            if len(value) > KEPT_READ_BYTES:
+                await cur.close()  # the reply is not kept: the next read makes a new cursor
+            return Entry(value, row[1], row[2])
 
         return await self._idempotent("get", run)
 

@@ -129,15 +129,23 @@ class ConnectFailures:
         self._waiters.discard(waiter)
 
 
+#: A kept read cursor is closed after a reply larger than this (the next read makes a new
+#: one), so no connection holds a large value after its caller is done with it.
+KEPT_READ_BYTES = 64 << 10
+
+
 class WriteCursorConnection(AsyncConnection[Any]):
-    """An ``AsyncConnection`` that keeps one cursor for agent-stores' native writes.
+    """An ``AsyncConnection`` that keeps one cursor for agent-stores' native writes, and
+    one for reads of a single entry.
 
     A native write is one statement with a one-row reply, read at once; building a new
-    cursor for each costs about as much client time as sending the statement. Reads keep
-    fresh cursors, so a large reply is never held after its caller is done with it.
+    cursor for each costs about as much client time as sending the statement. So does a
+    read of one entry; its cursor is closed after a reply over :data:`KEPT_READ_BYTES`.
+    Other reads take fresh cursors.
     """
 
     _write_cursor: AsyncCursor[Any] | None = None
+    _read_cursor: AsyncCursor[Any] | None = None
 
     async def wait(
         self,
@@ -165,12 +173,27 @@ class WriteCursorConnection(AsyncConnection[Any]):
             cursor = self._write_cursor = self.cursor()
         return cursor
 
+    def read_cursor(self) -> AsyncCursor[Any]:
+        cursor = self._read_cursor
+        if cursor is None or cursor.closed:
+            cursor = self._read_cursor = self.cursor()
+        return cursor
+
 
 def write_cursor(conn: AsyncConnection[Any]) -> AsyncCursor[Any]:
     """The cursor to send a native write on ``conn`` with (reused on this package's own
     connections; a new one on a borrowed pool's)."""
     if isinstance(conn, WriteCursorConnection):
         return conn.write_cursor()
+    return conn.cursor()
+
+
+def read_cursor(conn: AsyncConnection[Any]) -> AsyncCursor[Any]:
+    """The cursor to read one entry on ``conn`` with (reused on this package's own
+    connections, until a reply over :data:`KEPT_READ_BYTES`; a new one on a borrowed
+    pool's)."""
+    if isinstance(conn, WriteCursorConnection):
+        return conn.read_cursor()
     return conn.cursor()
 
 
