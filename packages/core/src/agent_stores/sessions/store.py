@@ -15,7 +15,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .. import telemetry
-from ..eager import started
 from ..errors import ConfigError, ResourceClosedError
 from ..kv.base import KVStore, random_hex
 from ..lifecycle import KVBackedStore
@@ -249,7 +248,7 @@ class Turn:
                 self.check_usable()
                 return await operation()
 
-        future = started(run())
+        future = asyncio.ensure_future(run())
         # If the caller was cancelled, the outcome is still consumed (no "never retrieved").
         future.add_done_callback(_consume)
         return await asyncio.shield(future)
@@ -443,7 +442,7 @@ class Turn:
             async with self._lock:
                 await operation()
 
-        future = started(run())
+        future = asyncio.ensure_future(run())
         future.add_done_callback(_consume)
         await asyncio.shield(future)
 
