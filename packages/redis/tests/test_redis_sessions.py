@@ -38,10 +38,9 @@ def texts(messages: list[ModelMessage]) -> list[str]:
     return out
 
 
-#: Commands of the background clean-up after a turn that merged chunks away: one scan for
-#: branches and forks' pins that may still name them, then the deletes (off the turn's path).
-#: The background collection of merged-away chunks: its scan of the branch records, then
-#: (after a state read, HMGET) one commit deleting the parts.
+#: Commands of the background collection after a turn that merged chunks away (off the
+#: turn's path): a scan for branches and forks' pins that may still name them, then
+#: (after a state read, HMGET) the deletes, one commit for many parts.
 BACKGROUND = frozenset({"EVALSHA:scan", "EVALSHA:delete", "EVALSHA:commit"})
 
 
