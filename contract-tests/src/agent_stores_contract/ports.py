@@ -60,6 +60,7 @@ from agent_stores.errors import (
     ResourceClosedError,
     ValueTooLargeError,
 )
+from agent_stores.kv import Entry
 from agent_stores.memory import KVMemoryStore
 from agent_stores.memory.port import MARKER_VALUE, FileWrite, IndexWrite, KVMemoryPort, MemoryPort
 from agent_stores.sessions import EffectCall, InvalidSessionError, LeaseLostError, SessionStore
@@ -263,6 +264,7 @@ def acquire_request(
     horizon: float | str | None = "ttl",
     load_history: bool = True,
     held: frozenset[str] = frozenset(),
+    known: Entry | None = None,
 ) -> AcquireRequest:
     """An acquire as the core sends it (refresh horizon ``now + ttl_seconds`` by default)."""
     if horizon == "ttl":
@@ -279,6 +281,7 @@ def acquire_request(
         refresh_horizon=horizon,
         load_history=load_history,
         held_chunks=held,
+        known=known,
     )
 
 
@@ -638,6 +641,56 @@ class PortContract(ContractBase):
                 )
                 if reply.outcome == "acquired":
                     check_acquired(reply, value, request)
+
+    @rule("hand-over", "expired-not-live")
+    async def test_session_warm_acquire_takes_only_the_known_state(
+        self, client: Client, names: _Seq
+    ) -> None:
+        """An acquire whose request names the state the store wrote last (``known``) takes the lease on it only while it is the stored version: a state written since by another client decides (its history, not the known one, is acquired); a live hint of another client still holds the releasing store back (courtesy or GENERIC); an expired state is still absent (a fresh session)."""
+        clock = client.clock
+        t = clock.now
+        cases = ("current", "stale", "hinted", "expired")
+        for case in cases:
+            scope = names(f"warm-{case}")
+            clock.at(t)
+            known_value = state_value(t, fence=2, released=("store-b", t))
+            known_version = await put_state(
+                client, scope, known_value, ttl=self.TTL if case == "expired" else 100
+            )
+            known = Entry(known_value, known_version, None)
+            current = known_value
+            if case == "stale":
+                # Another client's turn since: a new state (another history) and version.
+                current = state_value(t, fence=3, released=("store-x", t))
+                await client.ports.sessions.save(
+                    SaveRequest(scope, current, known_version, 100, None, [])
+                )
+            if case == "hinted":
+                await client.kv.create(scope, WAITER_KEY, b"store-x", ttl=30)
+            when = t + self.TTL if case == "expired" else t + 0.25
+            clock.at(when)
+            request = acquire_request(scope, when, store_id="store-b", known=known)
+            with edge(AT_EXPIRY if case == "expired" else "known state", "warm acquire", case):
+                reply = await client.ports.sessions.acquire(request)
+            if case == "hinted":
+                assert reply.outcome in ("courtesy", "generic"), (
+                    f"a known state let the releasing store pass a waiting hint: {reply.outcome}"
+                )
+                continue
+            assert reply.outcome in ("acquired", "generic"), f"{case}: {reply}"
+            if reply.outcome == "generic":
+                continue
+            if case == "expired":
+                assert reply.state is not None
+                header, tail = decode_state(reply.state)
+                assert header.fence == 1 and tail == EMPTY_ARRAY, (
+                    "an expired session was revived from the known state"
+                )
+            else:
+                check_acquired(reply, current, request)
+            assert await stored(client.kv, scope) == (reply.state, reply.version), (
+                "the reply's state and version are the stored ones"
+            )
 
     @rule("hand-over")
     async def test_session_acquire_removes_only_its_own_hint(

@@ -174,8 +174,9 @@ def pair(i: int) -> list[Any]:
 
 
 async def test_session_save_is_one_transaction(sqlite_url: str) -> None:
-    """Saves that spill chunks write them with the state in one transaction; chunks a
-    merge replaced are deleted together, in one more (no write runs on its own)."""
+    """Saves that spill chunks write them with the state in one transaction; a save that
+    spills none is the state's fenced UPDATE alone (atomic by itself); chunks a merge
+    replaced are deleted together, in one more (no other write runs on its own)."""
     async with connect(sqlite_url) as conn:
         sessions = conn.sessions(tail_bytes=600, fanout=2)
         assert isinstance(sessions.storage.port, SQLiteSessionPort)
@@ -196,29 +197,58 @@ async def test_session_save_is_one_transaction(sqlite_url: str) -> None:
         assert collected, "merges collected the chunks they replaced"
         info = await sessions.inspect("s")
         assert info is not None and info.chunk_count >= 1 and info.message_count == 12
+        # Within the tail: the save is one statement, the fenced swap of the state.
+        async with sessions.turn("s") as session:
+            trace.statements.clear()
+            session.replace([*session.messages])
+        await sessions.storage.drain()
+        writes = trace.writes_outside_transactions()
+        assert len(writes) == 1 and writes[0].startswith("UPDATE"), trace.statements
+        assert not any(s.upper().startswith("BEGIN") for s in trace.statements)
         await sessions.aclose()
 
 
-async def test_session_turn_is_two_transactions(sqlite_url: str) -> None:
-    """A turn on SQLite is the acquire's transaction (state and hint read, lease taken)
-    and the save's: no statement outside them, warm or cold (another store object wrote
-    the session last: the acquire's transaction also reads the chunks it lacks)."""
+def words_of(trace: Trace) -> list[str]:
+    words = [s.strip().split()[0].upper() for s in trace.statements]
+    return [w for w in words if w != "PRAGMA"]  # the busy timeout, inline or not
+
+
+async def test_session_turn_warm_and_cold(sqlite_url: str) -> None:
+    """A warm turn on SQLite (this store wrote the session last) is one UPDATE taking the
+    lease over the state it knows, and the save's transaction; a cold one (another store
+    object wrote last) is the acquire's transaction (state and hint read, lease taken,
+    the chunks it lacks read) after one UPDATE that matched nothing (when the store had
+    written the session before), and the save's. Nothing else, and no read before."""
     async with connect(sqlite_url) as conn:
         kv = conn.kv
         assert isinstance(kv, SQLiteKV)
         first, second = conn.sessions(tail_bytes=600), conn.sessions(tail_bytes=600)
         trace = Trace()
         await trace.attach(kv)
-        for i in range(6):
-            store = (first, second)[i % 2]
+        for i in range(8):
+            store = (first, second)[(i // 2) % 2]  # each store takes two turns in a row
             trace.statements.clear()
             async with store.turn("s") as session:
                 assert len(session.messages) == 2 * i
+                acquire = list(trace.statements)
                 session.replace([*session.messages, *pair(i)])
-            words = [s.strip().split()[0].upper() for s in trace.statements]
-            words = [w for w in words if w != "PRAGMA"]  # the busy timeout, inline or not
-            assert words.count("BEGIN") == 2 and trace.transactions() == 2, trace.statements
-            assert words[0] == "BEGIN", "nothing is read before the acquire's transaction"
+            acquire = [s for s in acquire if not s.startswith("PRAGMA")]
+            acquire_words = [s.split()[0].upper() for s in acquire]
+            save_words = words_of(trace)[len(acquire) :]
+            if i % 2 == 1:  # warm
+                assert acquire_words == ["UPDATE"], acquire
+            else:
+                known = 1 if i >= 4 else 0  # this store wrote the session before
+                assert acquire_words[:known] == ["UPDATE"] * known, acquire
+                assert acquire_words[known] == "BEGIN" and acquire_words[-1] == "COMMIT", acquire
+                assert acquire_words.count("BEGIN") == 1, acquire
+            # The save: chunks spill at every turn (tail_bytes=600), so one transaction
+            # (a merge's collection may follow, in a transaction of its own).
+            save = save_words[: save_words.index("COMMIT") + 1]
+            assert save[0] == "BEGIN" and set(save[1:-1]) <= {"INSERT", "UPDATE"}, save
+            assert trace.writes_outside_transactions() == (
+                [acquire[0]] if acquire_words[0] == "UPDATE" else []
+            ), trace.statements
         for store in (first, second):
             await store.aclose()
 

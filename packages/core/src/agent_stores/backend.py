@@ -98,6 +98,7 @@ if TYPE_CHECKING:
         check_save,
         decide_acquire,
         fresh_state,
+        known_acquired_state,
     )
     from .sessions.records import (
         CHUNK_PREFIX,
@@ -130,6 +131,7 @@ _LAZY = {
             "check_save",
             "decide_acquire",
             "fresh_state",
+            "known_acquired_state",
         ],
         "agent_stores.sessions.port",
     ),
@@ -281,6 +283,7 @@ __all__ = [
     "encode_state",
     "fresh_state",
     "hookimpl",
+    "known_acquired_state",
     "model_key",
     "new_version",
     "numpy_module",

@@ -4,7 +4,11 @@
 store is the core's :class:`~agent_stores.sessions.SessionStore` with this port (same
 stored layout and fencing rules, the contract unchanged):
 
-``acquire`` — one statement reads the ``state`` row (locking it), decides in the server
+``acquire`` — one statement reads the ``state`` row (locking it); when it is still the
+    state this store wrote last (the request's ``known`` version) and no client waits, it
+    writes the acquired state the client built from those bytes
+    (:func:`~agent_stores.sessions.port.known_acquired_state`: the warm acquire, no
+    header parsed in the server and no state sent back); otherwise it decides in the server
     what the generic code decides in Python (lease held by another owner → busy; this
     store just released and another client waits → courtesy; otherwise take the lease:
     ``fence + 1``, new lease, ``updated_at``, ``released`` cleared), writes the new state
@@ -46,6 +50,7 @@ from agent_stores.backend import (
     SaveRequest,
     acquired_header,
     check_save,
+    known_acquired_state,
     new_version,
 )
 from agent_stores.errors import ConfigError, ConflictError
@@ -86,9 +91,18 @@ WITH cur AS (
       AND (expires_at IS NULL OR expires_at > %(now)s)
     FOR UPDATE
 ),
+waiter AS (
+    SELECT value FROM {kv}
+    WHERE scope = %(scope)s AND key = %(waiter)s
+      AND (expires_at IS NULL OR expires_at > %(now)s)
+),
 hdr AS (
     SELECT version, value, nl,
-           CASE WHEN nl > 1
+           -- the warm acquire: the client sent these very bytes, nothing to parse
+           version = %(known)s::text AND NOT EXISTS (SELECT 1 FROM waiter) AS warm,
+           CASE WHEN version = %(known)s::text AND NOT EXISTS (SELECT 1 FROM waiter)
+                THEN NULL
+                WHEN nl > 1
                 THEN convert_from(substring(value FROM 1 FOR nl - 1), 'UTF8')::jsonb
            END AS h,
            -- the header after HEADER_START, when the record starts with it
@@ -112,14 +126,10 @@ fen AS (
            END AS fence
     FROM lay
 ),
-waiter AS (
-    SELECT value FROM {kv}
-    WHERE scope = %(scope)s AND key = %(waiter)s
-      AND (expires_at IS NULL OR expires_at > %(now)s)
-),
 dec AS (
     SELECT fen.*,
         CASE
+            WHEN warm THEN 'known'
             WHEN h IS NULL OR jsonb_typeof(h) <> 'object'
                  OR h->>'format' IS DISTINCT FROM %(format)s
                  OR NOT h ?& ARRAY['lease', 'fence', 'chunks', 'tail_count', 'recovery',
@@ -159,15 +169,17 @@ dec AS (
 ),
 upd AS (
     UPDATE {kv} AS t
-    SET value = %(start)s || convert_to(d.fence, 'UTF8') || %(middle)s
-                || convert_to(d.fence, 'UTF8') || %(end)s
-                || substring(d.value FROM %(start_len)s::int + d.kept),
+    SET value = CASE WHEN d.decision = 'known' THEN %(warm)s::bytea
+                     ELSE %(start)s || convert_to(d.fence, 'UTF8') || %(middle)s
+                          || convert_to(d.fence, 'UTF8') || %(end)s
+                          || substring(d.value FROM %(start_len)s::int + d.kept) END,
         version = %(version)s,
         expires_at = %(expires_at)s::float8
     FROM dec AS d
     WHERE t.scope = %(scope)s AND t.key = %(state)s AND t.version = d.version
-      AND d.decision = 'acquire'
-    RETURNING t.value
+      AND d.decision IN ('acquire', 'known')
+    -- the warm state is the client's own bytes: not sent back
+    RETURNING CASE WHEN d.decision = 'known' THEN ''::bytea ELSE t.value END AS value
 ),
 ins AS (
     INSERT INTO {kv} AS t (scope, key, value, version, expires_at)
@@ -263,6 +275,7 @@ class PostgresSessionPort:
         if len(fresh) > kv.limits.max_value_bytes:
             return GENERIC  # the generic create refuses it (an owner id of many kilobytes)
         middle, end = _acquired_header_around_fence(request.owner, request.lease_end, now)
+        warm = known_acquired_state(request, kv.limits.max_value_bytes)
         version = new_version()
         params: dict[str, Any] = {
             "scope": request.scope,
@@ -288,6 +301,8 @@ class PostgresSessionPort:
             "end": end,
             "fixed_len": len(middle) + len(end),
             "max_bytes": kv.limits.max_value_bytes,
+            "known": None if warm is None or request.known is None else request.known.version,
+            "warm": warm,
         }
 
         async def run(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]] | None:
@@ -308,6 +323,9 @@ class PostgresSessionPort:
             )
         if decision == "courtesy":
             return AcquireReply("courtesy", retry_after=max(float(retry_after), 0.0))
+        if decision == "known" and value is not None:
+            assert warm is not None  # "known" is only decided when it was sent
+            return AcquireReply("acquired", version=version, state=warm)
         if decision not in (None, "acquire"):
             return GENERIC
         if value is None:

@@ -400,6 +400,13 @@ class SQLiteKV(KVStore):
         self.check_open()
         return await self._run(fn)
 
+    async def autocommit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the store's connection outside any explicit transaction: each of
+        its statements commits by itself. For a native port's write of one statement,
+        which needs no ``BEGIN`` and ``COMMIT`` around it to be atomic."""
+        self.check_open()
+        return await self._run(fn)
+
     async def transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` inside one ``BEGIN IMMEDIATE`` transaction on the worker thread (one
         commit; rolled back when ``fn`` raises). For the native ports of the stores."""

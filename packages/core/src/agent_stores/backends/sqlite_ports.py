@@ -5,7 +5,8 @@ KV call.
 * memory — the record, its receipt index entry and the directory markers together
   (:class:`SQLiteMemoryPort`, atomic);
 * sessions — the acquire (state and hint read, the lease taken, the missing chunk parts
-  read) and the save (new history chunks and the fenced state) each in one transaction
+  read) and the save (new history chunks and the fenced state) each in one transaction,
+  and the warm acquire and a save without chunks in one statement
   (:class:`SQLiteSessionPort`);
 * checkpointer — the position counter and the entry together (:class:`SQLiteJournalPort`).
 
@@ -22,7 +23,7 @@ import sqlite3
 
 from ..checkpointer.port import AppendOutcome, AppendRequest, check_append
 from ..errors import ConflictError
-from ..kv.base import Entry
+from ..kv.base import Entry, new_version
 from ..memory.port import MARKER_VALUE, FileWrite, check_file_write
 from ..sessions.port import (
     GENERIC,
@@ -32,6 +33,7 @@ from ..sessions.port import (
     acquired_state,
     check_save,
     decide_acquire,
+    known_acquired_state,
 )
 from ..sessions.records import STATE_KEY, WAITER_KEY
 from .sqlite import SQLiteKV
@@ -87,22 +89,50 @@ class SQLiteMemoryPort:
         return await kv.transaction(op)
 
 
+#: The warm acquire (port.py's module doc): the known state swapped for its acquired one
+#: if still stored, live, and no client's waiting hint is live.
+_SWAP_KNOWN = (
+    "UPDATE agent_stores_kv SET value = :state, version = :version, expires_at = :expires_at "
+    f"WHERE scope = :scope AND key = '{STATE_KEY}' AND version = :known "
+    "AND (expires_at IS NULL OR expires_at > :now) "
+    "AND NOT EXISTS (SELECT 1 FROM agent_stores_kv WHERE scope = :scope "
+    f"AND key = '{WAITER_KEY}' AND (expires_at IS NULL OR expires_at > :now))"
+)
+
+
 class SQLiteSessionPort:
     """:class:`~agent_stores.sessions.port.SessionPort` on :class:`SQLiteKV`: the acquire
-    and the save each in one transaction (run inline when the connection is free)."""
+    and the save each in one transaction, or one statement (the warm acquire, a save
+    without chunks); run inline when the connection is free."""
 
     def __init__(self, kv: SQLiteKV) -> None:
         self.kv = kv
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
-        """State and hint read, decided (:func:`decide_acquire`), the lease taken and the
-        parts of chunks not held read, in one transaction; an absent session is created."""
+        """The warm acquire when the request knows the state; else (or when it matched
+        nothing) state and hint read, decided (:func:`decide_acquire`), the lease taken
+        and the parts of chunks not held read, in one transaction; an absent session is
+        created."""
         kv = self.kv
         kv.check_open()
         scope, now = request.scope, request.now
         kv.check_ids(scope, STATE_KEY)
         expires_at = kv.expires_at(request.ttl_seconds, now)  # refuses a TTL <= 0
         limit = kv.limits.max_value_bytes
+        known, warm = request.known, known_acquired_state(request, limit)
+        if known is not None and warm is not None:
+            version = new_version()
+            values = {
+                "state": warm,
+                "version": version,
+                "expires_at": expires_at,
+                "scope": scope,
+                "known": known.version,
+                "now": now,
+            }
+            swapped = await kv.autocommit(lambda c: c.execute(_SWAP_KNOWN, values).rowcount)
+            if swapped == 1:
+                return AcquireReply("acquired", version=version, state=warm)
 
         def op(c: sqlite3.Connection) -> AcquireReply:
             found = kv.entries_in(c, scope, (STATE_KEY, WAITER_KEY), now)
@@ -153,6 +183,21 @@ class SQLiteSessionPort:
         ]
         now = kv.clock()
         state_expiry = kv.expires_at(request.ttl_seconds, now)
+        if not parts:  # one statement: atomic without a transaction around it
+            version = await kv.autocommit(
+                lambda c: kv.replace_in(
+                    c,
+                    request.scope,
+                    STATE_KEY,
+                    request.state,
+                    request.expected_version,
+                    state_expiry,
+                    now,
+                )
+            )
+            if version is None:
+                raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
+            return version
 
         def op(c: sqlite3.Connection) -> str:
             for key, part, expiry in parts:

@@ -77,6 +77,10 @@ class AcquireRequest:
     load_history: bool
     #: chunk keys (``h/<id>``) whose bytes this process holds; never send them back
     held_chunks: frozenset[str]
+    #: the state this store wrote last (its bytes and version), when this process holds
+    #: every chunk it names: a port may swap that version for :func:`known_acquired_state`
+    #: without reading the state (see the module doc); None: nothing known
+    known: Entry | None = None
 
     def fresh_state(self) -> bytes:
         """The state to create when the session is absent (a port may answer GENERIC instead)."""
@@ -269,6 +273,25 @@ def decide_acquire(
     ):
         return GENERIC  # chunks due for re-copy: the core copies them
     return header
+
+
+def known_acquired_state(request: AcquireRequest, max_bytes: int) -> bytes | None:
+    """The state a warm acquire writes over ``request.known`` (see the module doc), or None
+    when the known state does not allow taking the lease without the full decision: a
+    live lease of another owner, a recovery marker, chunks due for re-copy, a layout
+    :func:`acquired_state` cannot splice, a new state over ``max_bytes``."""
+    known = request.known
+    if known is None:
+        return None
+    # No hint is read: the port's write requires that none is live.
+    if not isinstance(decide_acquire(known.value, None, request), StateHeader):
+        return None
+    state = acquired_state(
+        known.value, owner=request.owner, lease_end=request.lease_end, now=request.now
+    )
+    if state is None or len(state) > max_bytes:
+        return None
+    return state
 
 
 def acquired_header(fence: int, owner: str, lease_end: float, now: float) -> bytes:

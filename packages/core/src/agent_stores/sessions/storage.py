@@ -145,6 +145,10 @@ _REF_PAGE = 100
 #: operations per transaction: DynamoDB and Cosmos DB take 100)
 _DELETES_PER_COMMIT = 50
 
+#: Sessions whose last written state a store keeps for its next warm acquire (each about
+#: the inline tail's bound plus the header: a few MB in all).
+_KNOWN_STATES = 1024
+
 #: Tries of a fork whose source keeps dropping the chunks it pinned (turns merging them).
 _FORK_ATTEMPTS = 8
 
@@ -300,6 +304,9 @@ class KVSessionStorage:
         # Smoothed seconds of one backend call, as this process sees them (None: none yet).
         self._round_trip: float | None = None
         self._cleanup_tasks: set[asyncio.Task[None]] = set()
+        # The state this store wrote last per session, and the keys of its chunks: sent
+        # with the next acquire (AcquireRequest.known) while every chunk is cached.
+        self._known: dict[str, tuple[Entry, frozenset[str]]] = {}
         #: the owners' indexes (``catalog.py``)
         self.catalog = CatalogIndex(kv, catalog_prefix, self._call, self._spawn)
 
@@ -1069,6 +1076,7 @@ class KVSessionStorage:
             handle.version = version
             handle.header = header
             handle.tail = tail
+            self._remember_state(handle.scope, version, value, header)
         self._discard_later(handle.session_id, handle.scope, refreshed.obsolete)
 
     async def _settle_conflict(
@@ -1239,6 +1247,7 @@ class KVSessionStorage:
     def _acquire_request(self, scope: str, owner: str, load_history: bool) -> AcquireRequest:
         now = self.clock()
         lease_end = now + self.lease_seconds
+        held = self.cache.keys(scope)
         return AcquireRequest(
             scope=scope,
             owner=owner,
@@ -1249,8 +1258,23 @@ class KVSessionStorage:
             ttl_seconds=self.ttl_seconds,
             refresh_horizon=None if self.ttl_seconds is None else now + self.ttl_seconds,
             load_history=load_history,
-            held_chunks=self.cache.keys(scope),
+            held_chunks=held,
+            known=self._known_state(scope, held, load_history),
         )
+
+    def _known_state(self, scope: str, held: frozenset[str], load_history: bool) -> Entry | None:
+        known = self._known.get(scope)
+        if known is None or (load_history and not known[1] <= held):
+            return None
+        return known[0]
+
+    def _remember_state(self, scope: str, version: str, value: bytes, header: StateHeader) -> None:
+        """Note the state this store just wrote (for the next acquire's ``known``)."""
+        known = self._known
+        known.pop(scope, None)  # re-inserted last: the oldest entries go first
+        if len(known) >= _KNOWN_STATES:
+            del known[next(iter(known))]
+        known[scope] = (Entry(value, version, None), frozenset(c.key for c in header.chunks))
 
     async def _acquired(
         self, session_id: str, scope: str, owner: str, reply: AcquireReply, load_history: bool
