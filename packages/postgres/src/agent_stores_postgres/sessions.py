@@ -230,7 +230,7 @@ WITH st AS (
 ch AS (
     INSERT INTO {kv} (scope, key, value, version, expires_at)
     SELECT %(scope)s::text, u.k, u.v, u.ver, u.e
-    FROM unnest(%(keys)s::text[], %(values)s::bytea[], %(versions)s::text[],
+    FROM unnest(%(keys)s::text[], %(values)b::bytea[], %(versions)s::text[],
                 %(expiries)s::float8[]) AS u(k, v, ver, e)
     WHERE EXISTS (SELECT 1 FROM st)
     RETURNING 1
