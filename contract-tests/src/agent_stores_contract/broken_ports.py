@@ -40,6 +40,7 @@ from agent_stores.sessions.port import (
     SaveRequest,
     SessionPort,
     acquired_state,
+    known_acquired_state,
 )
 from agent_stores.sessions.records import (
     STATE_KEY,
@@ -119,7 +120,35 @@ class ReferenceSessionPort:
             return AcquireReply("busy")
         return AcquireReply("acquired", version=version, state=fresh)
 
+    async def warm_blocked(self, request: AcquireRequest) -> bool:
+        """A live hint of any client stops the warm acquire (only the full decision may answer it)."""
+        return await self.waiter(request.scope, request.now) is not None
+
+    async def warm_expected(self, request: AcquireRequest, known: Entry) -> str | None:
+        """The version the warm write is conditioned on: the known one."""
+        return known.version
+
+    async def warm(self, request: AcquireRequest) -> AcquireReply | None:
+        """The warm acquire (``request.known``), or None to decide as usual."""
+        known = request.known
+        new = known_acquired_state(request, self.kv.limits.max_value_bytes)
+        if known is None or new is None or await self.warm_blocked(request):
+            return None
+        expected = await self.warm_expected(request, known)
+        if expected is None:
+            return None
+        try:
+            version = await self.kv.replace(
+                request.scope, STATE_KEY, new, expected_version=expected, ttl=request.ttl_seconds
+            )
+        except ConflictError:
+            return None  # written since (or expired): the full decision
+        return AcquireReply("acquired", version=version, state=new)
+
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
+        warm = await self.warm(request)
+        if warm is not None:
+            return warm
         scope, now = request.scope, request.now
         state = await self.state(scope, now)
         waiter = await self.waiter(scope, now)
@@ -296,6 +325,21 @@ class ChunkTTLDropped(ReferenceSessionPort):
 
     async def create_part(self, scope: str, key: str, part: bytes, request: SaveRequest) -> None:
         await self.kv.create(scope, key, part)
+
+
+class WarmAcquirePassesAWaiter(ReferenceSessionPort):
+    """The warm acquire takes the lease without looking for a waiting hint."""
+
+    async def warm_blocked(self, request: AcquireRequest) -> bool:
+        return False
+
+
+class WarmAcquireTrustsAStaleState(ReferenceSessionPort):
+    """The warm acquire writes over whatever version is stored, not only the known one."""
+
+    async def warm_expected(self, request: AcquireRequest, known: Entry) -> str | None:
+        stored = await self.state(request.scope, request.now)
+        return None if stored is None else stored.version
 
 
 class SaveRevivesExpiredState(ReferenceSessionPort):
@@ -515,6 +559,16 @@ BROKEN: Mapping[str, Broken] = {
         "sessions",
         SaveRevivesExpiredState,
         ("ports.session_save_is_fenced_and_an_expired_state_is_not_live",),
+    ),
+    "warm-acquire-passes-a-waiter": Broken(
+        "sessions",
+        WarmAcquirePassesAWaiter,
+        ("ports.session_warm_acquire_takes_only_the_known_state",),
+    ),
+    "warm-acquire-trusts-a-stale-state": Broken(
+        "sessions",
+        WarmAcquireTrustsAStaleState,
+        ("ports.session_warm_acquire_takes_only_the_known_state",),
     ),
     "index-compared-by-prefix": Broken(
         "memory", IndexComparedByPrefix, ("ports.memory_index_entries_are_compared_whole",)
