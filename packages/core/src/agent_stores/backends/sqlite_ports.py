@@ -173,7 +173,8 @@ class SQLiteSessionPort:
         return await kv.transaction(op)
 
     async def save(self, request: SaveRequest) -> str:
-        """Chunk parts and the fenced state swap in one transaction."""
+        """Chunk parts and the fenced state swap in one transaction; the swap alone (no
+        parts) in one statement."""
         kv = self.kv
         check_save(kv, request)
         parts = [
@@ -183,21 +184,6 @@ class SQLiteSessionPort:
         ]
         now = kv.clock()
         state_expiry = kv.expires_at(request.ttl_seconds, now)
-        if not parts:  # one statement: atomic without a transaction around it
-            version = await kv.autocommit(
-                lambda c: kv.replace_in(
-                    c,
-                    request.scope,
-                    STATE_KEY,
-                    request.state,
-                    request.expected_version,
-                    state_expiry,
-                    now,
-                )
-            )
-            if version is None:
-                raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
-            return version
 
         def op(c: sqlite3.Connection) -> str:
             for key, part, expiry in parts:
@@ -216,7 +202,8 @@ class SQLiteSessionPort:
                 raise ConflictError("state version changed", scope=request.scope, key=STATE_KEY)
             return version
 
-        return await kv.transaction(op)
+        # The state's swap alone is one statement, atomic without a transaction around it.
+        return await (kv.transaction(op) if parts else kv.autocommit(op))
 
 
 class SQLiteJournalPort:
