@@ -333,6 +333,33 @@ def test_canonical_bytes_are_sorted_compact_utf8_json(value: object) -> None:
     assert canonical(value) == expected
 
 
+@pytest.mark.parametrize(
+    ("value", "error", "says"),
+    [
+        (float("nan"), ValueError, "Out of range float"),
+        ({"a": object()}, TypeError, "not JSON serializable"),
+        ({"a": b"bytes"}, TypeError, "not JSON serializable"),
+    ],
+)
+def test_canonical_refuses_what_json_cannot_hold(
+    value: object, error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=says):
+        canonical(value)
+
+
+def test_canonical_names_a_cycle_and_encodes_after_it() -> None:
+    # The reused C encoder has no cycle check of its own: the full encoder names it, and
+    # nothing of the failed call is left behind for the next one.
+    cycle: list[object] = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="Circular reference"):
+        canonical({"a": cycle})
+    assert canonical({"b": [1], "a": {"d": None, "c": "é"}}) == (
+        '{"a":{"c":"é","d":null},"b":[1]}'.encode()
+    )
+
+
 @given(st.integers(min_value=0, max_value=2**63))
 def test_position_counter_value_is_canonical(position: int) -> None:
     from agent_stores.checkpointer.space import _head_value

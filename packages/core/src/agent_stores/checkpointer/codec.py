@@ -22,6 +22,27 @@ JSONValue = Any
 _ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
+# The standard library's C encoder behind ``_ENCODER``, made once: ``JSONEncoder.encode``
+# makes a new one on every call (a quarter of a step event's encoding). Made without
+# the circular-reference check (whose marker table a failed call could leave dirty): a
+# cycle raises RecursionError, and ``_ENCODER`` then names it.
+# Not every Python has it (the name is CPython's, undocumented): without it, ``_ENCODER``.
+_MAKE_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
+_C_ENCODER = (
+    None
+    if _MAKE_C_ENCODER is None
+    else _MAKE_C_ENCODER(
+        None,
+        _ENCODER.default,
+        json.encoder.encode_basestring,
+        None,
+        ":",
+        ",",
+        True,  # sort_keys
+        False,  # skipkeys
+        False,  # allow_nan
+    )
+)
 
 
 def canonical(value: JSONValue) -> bytes:
@@ -30,6 +51,11 @@ def canonical(value: JSONValue) -> bytes:
     Raises ``TypeError`` for values JSON cannot hold and ``ValueError`` for NaN/Infinity,
     so a payload that would not round-trip is refused before anything is written.
     """
+    if _C_ENCODER is not None:
+        try:
+            return "".join(_C_ENCODER(value, 0)).encode("utf-8")
+        except RecursionError:
+            pass  # a cycle or a very deep value: the full encoder below raises its error
     return _ENCODER.encode(value).encode("utf-8")
 
 

@@ -54,6 +54,14 @@ _WRITE_CONCURRENCY = 16
 MAX_ATTEMPTS = 500
 #: Seconds after which a run's index entry is checked again when one of its logs starts.
 _ANCHOR_RECHECK = 5.0
+_NEVER = float("inf")
+
+
+class _Unanchored:
+    """:meth:`RunSpace._anchored_ttl`'s answer when the anchor must be read or written."""
+
+
+_NOT_ANCHORED = _Unanchored()
 #: Per-run cache entries kept per store instance.
 _CACHE_RUNS = 1024
 
@@ -225,6 +233,18 @@ class RunSpace:
             remaining = 0.001
         return remaining
 
+    def _anchored_ttl(self, cached: tuple[float, float] | None) -> float | _Unanchored | None:
+        """:meth:`write_ttl` without awaiting, from the run's cached anchor ``cached`` when
+        it is not due (every append of a busy run); else ``_NOT_ANCHORED``."""
+        if cached is None:
+            return _NOT_ANCHORED
+        expires, now = cached[0], self.kv.clock()
+        if expires == _NEVER:
+            return None
+        if expires <= now:
+            return _NOT_ANCHORED
+        return expires - now
+
     async def _anchor(self, run_id: str, now: float) -> float:
         self.scope(run_id)  # validates the id before anything is written
         value = canonical({"created_at": now})
@@ -380,7 +400,10 @@ class RunSpace:
             anchor = self._anchors.get(run_id)
             stale = anchor is not None and time.monotonic() - anchor[1] > _ANCHOR_RECHECK
             for attempt in range(MAX_ATTEMPTS):
-                ttl = await self.write_ttl(run_id)
+                anchored = self._anchored_ttl(anchor if attempt == 0 else self._anchors.get(run_id))
+                ttl = (
+                    await self.write_ttl(run_id) if isinstance(anchored, _Unanchored) else anchored
+                )
                 cached = self._heads.get((run_id, log))
                 version: str | None
                 if cached is None:
@@ -398,7 +421,9 @@ class RunSpace:
                 else:
                     first, version = cached
                 record = make_record(first)
-                value = await self.pack(run_id, record, keep, ttl)
+                value = canonical(record)
+                if len(value) > self.inline_limit:
+                    value = await self.pack(run_id, record, keep, ttl, encoded=value)
                 try:
                     outcome = await self.port.append(
                         AppendRequest(
@@ -468,15 +493,22 @@ class RunSpace:
         return max(1024, self.kv.limits.max_value_bytes - _INLINE_MARGIN)
 
     async def pack(
-        self, run_id: str, record: dict[str, Any], keep: Sequence[str], ttl: float | None
+        self,
+        run_id: str,
+        record: dict[str, Any],
+        keep: Sequence[str],
+        ttl: float | None,
+        *,
+        encoded: bytes | None = None,
     ) -> bytes:
         """Encode ``record``; when too large, store it as chunks and return a stub.
 
         The stub holds the fields named in ``keep`` (small ones a reader needs without the
         chunks) and a reference to the chunks. Chunks are content-addressed, written
         before the stub (the stub's write is the commit point), and collected with the run.
+        ``encoded``: ``canonical(record)``, when the caller made it already.
         """
-        data = canonical(record)
+        data = canonical(record) if encoded is None else encoded
         if len(data) <= self.inline_limit:
             return data
         scope = self.scope(run_id)

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import compact_json
 from ..errors import CorruptRecordError
 
 FORMAT = 1
@@ -37,10 +38,9 @@ MARKER_SUFFIX = "/"
 _ENCODING = "utf-8"
 _ERRORS = "surrogatepass"
 
-# Encoders made once: ``json.dumps`` with options builds a new encoder on every call,
-# which costs more than encoding a small record.
+# Made once: ``json.dumps`` with options builds a new encoder on every call, which costs
+# more than encoding a receipt. Records and index entries go through ``compact_json``.
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
-_COMPACT_TEXT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def digest(value: str) -> str:
@@ -156,16 +156,18 @@ class FileRecord:
                 obj["t"] = self.token
             if self.written_at is not None:
                 obj["w"] = self.written_at
-        text = _COMPACT_TEXT.encode(obj)
+        data = compact_json.dumps(obj)
         if self.receipts:
-            # Receipts are appended as their kept JSON (the same bytes ``"r": [...]`` gives).
-            text = text[:-1] + ',"r":[' + ",".join(r.json() for r in self.receipts) + "]}"
-        return encode_text(text)
+            # Receipts are appended as their kept JSON (the same bytes ``"r": [...]`` gives;
+            # ASCII: it escapes anything else).
+            kept = ",".join(r.json() for r in self.receipts).encode("ascii")
+            data = data[:-1] + b',"r":[' + kept + b"]}"
+        return data
 
     @classmethod
     def load(cls, raw: bytes, *, where: str) -> FileRecord:
         try:
-            obj = json.loads(decode_text(raw))
+            obj = compact_json.loads(raw)
             if not isinstance(obj, dict) or obj.get("f") != FORMAT:
                 raise ValueError("not a memory file record")
             record = cls(
@@ -234,12 +236,12 @@ class IndexEntry:
             "e": int(self.existed),
             "p": self.path,
         }
-        return encode_text(_COMPACT.encode(obj))
+        return compact_json.dumps(obj)
 
     @classmethod
     def load(cls, raw: bytes, *, where: str) -> IndexEntry:
         try:
-            obj = json.loads(decode_text(raw))
+            obj = compact_json.loads(raw)
             return cls(str(obj["fp"]), obj["v"], bool(obj["e"]), str(obj["p"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptRecordError(
