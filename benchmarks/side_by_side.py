@@ -1101,20 +1101,32 @@ async def section_steps(
             await closer()
 
 
+async def drop_schema(pg_url: str, schema: str) -> None:
+    """Drop the schema of our tables a section made (the floors drop their own table)."""
+    import psycopg
+    from psycopg import sql
+
+    async with await psycopg.AsyncConnection.connect(plain(pg_url), autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
+        )
+
+
 async def session_groups(
     pg_url: str | None, run: str, workdir: Path
-) -> list[tuple[str, Any, SessionFloor]]:
-    """(label, our session store, the floor) on PostgreSQL and SQLite."""
-    groups: list[tuple[str, Any, SessionFloor]] = []
+) -> list[tuple[str, Any, SessionFloor, str | None]]:
+    """(label, our session store, the floor, our PostgreSQL schema to drop after) on
+    PostgreSQL and SQLite."""
+    groups: list[tuple[str, Any, SessionFloor, str | None]] = []
     if pg_url:
-        ours = ours_sessions(in_schema(pg_url, f"bench_{run}_ses"))
+        schema = f"bench_{run}_ses"
+        ours = ours_sessions(in_schema(pg_url, schema))
         await ours.kv.setup()
         floor = await PostgresSessionFloor.open(plain(pg_url), f"bench_{run}_fses")
-        groups.append(("PostgreSQL", ours, floor))
+        groups.append(("PostgreSQL", ours, floor, schema))
     ours_sqlite = ours_sessions(f"sqlite:///{workdir}/ours-sessions.db")
-    groups.append(
-        ("SQLite (WAL + NORMAL)", ours_sqlite, SQLiteSessionFloor(workdir / "floor-sessions.db"))
-    )
+    floor_sqlite = SQLiteSessionFloor(workdir / "floor-sessions.db")
+    groups.append(("SQLite (WAL + NORMAL)", ours_sqlite, floor_sqlite, None))
     return groups
 
 
@@ -1124,7 +1136,7 @@ async def section_session_floors(
     """The session turn on PostgreSQL and SQLite beside its floor (no anchor has a session
     store on either): one turn each in turn, who goes first rotating every turn."""
     run = uuid.uuid4().hex[:8]
-    for label, ours, floor in await session_groups(pg_url, run, workdir):
+    for label, ours, floor, schema in await session_groups(pg_url, run, workdir):
         print(f"\nsession turn on {label} (enter, read, replace +2 messages, exit), vs its floor")
         try:
             for size in sizes:
@@ -1166,6 +1178,8 @@ async def section_session_floors(
         finally:
             await close(ours)
             await floor.close()
+            if pg_url and schema:
+                await drop_schema(pg_url, schema)
 
 
 # -- output -------------------------------------------------------------------------------
