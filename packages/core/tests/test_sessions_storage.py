@@ -163,6 +163,36 @@ async def test_message_updated_in_place_after_checkpoint_is_saved() -> None:
         assert saved is not None and saved[2].run_id == "run-42"
 
 
+async def test_replace_checks_what_follows_the_loaded_history() -> None:
+    """The loaded messages at the head of a replacement are taken as checked; anything
+    after them is still refused, named by its index, and nothing is saved."""
+    async with SessionStore(MemoryKV()) as store:
+        async with store.turn("s") as session:
+            session.replace([m for i in range(40) for m in pair(str(i))])
+        with pytest.raises(TypeError, match="item 81 is str"):
+            async with store.turn("s") as session:
+                session.replace([*session.messages, pair("x")[0], "not a message"])  # type: ignore[list-item]
+        saved = await store.read_messages("s")
+        assert saved is not None and len(saved) == 80
+
+
+async def test_a_replacement_compared_before_a_checkpoint_is_compared_again_after() -> None:
+    """The session's comparison of a replacement with the loaded history holds for that
+    history only: after a checkpoint stored another one, the save compares again."""
+    async with SessionStore(MemoryKV()) as store:
+        first = [m for i in range(40) for m in pair(str(i))]
+        async with store.turn("s") as session:
+            session.replace(first)
+        async with store.turn("s") as session:
+            session.replace([*session.messages, *pair("after")])  # saved on exit
+            await session.checkpoint([m for i in range(40) for m in pair(f"other {i}")])
+        saved = await store.read_messages("s")
+        assert saved is not None and len(saved) == 82
+        assert saved[:80] == first
+        text = saved[80].parts[0]
+        assert isinstance(text, UserPromptPart) and str(text.content).startswith("after ")
+
+
 async def test_session_is_unusable_after_its_turn() -> None:
     """replace/checkpoint/mark_effects after the block raise RESOURCE_CLOSED instead of writing."""
     async with SessionStore(MemoryKV()) as store:

@@ -186,6 +186,10 @@ class LeaseHandle:
     #: the catalog field whose index write landed before a state write that did not
     #: (a retried save reuses it instead of writing the index again)
     indexed: dict[str, Any] | None = None
+    #: a list of messages the session found to start with ``messages`` message for
+    #: message (the same objects), and that ``messages`` list: the save of that list
+    #: then skips the same comparison (:meth:`KVSessionStorage.extends_stored`)
+    extension: tuple[Sequence[ModelMessage], list[ModelMessage]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -666,7 +670,7 @@ class KVSessionStorage:
         header = handle.header
         chunked = header.message_count - header.tail_count
         obsolete: list[ChunkRef] = []
-        if extends_prefix(messages, handle.messages, chunked):
+        if self.extends_stored(handle, messages, chunked):
             planned = [_Planned(c.count, c.size, c.level, c.sealed, ref=c) for c in header.chunks]
             tail_messages = messages[chunked:]
         else:
@@ -1594,9 +1598,24 @@ class KVSessionStorage:
         count = marked.get("count")
         if messages is None or count is None:
             return marked
-        if extends_prefix(messages, handle.messages, count):
+        if self.extends_stored(handle, messages, count):
             return marked
         return {"fence": handle.fence, "count": None}
+
+    @staticmethod
+    def extends_stored(handle: LeaseHandle, messages: Sequence[ModelMessage], count: int) -> bool:
+        """``extends_prefix(messages, handle.messages, count)``, answered at once when the
+        session already found ``messages`` to extend ``handle.messages`` (``extension``):
+        a long history is then compared once a turn, not once per use."""
+        known = handle.extension
+        if (
+            known is not None
+            and known[0] is messages
+            and known[1] is handle.messages
+            and count <= len(handle.messages)
+        ):
+            return True
+        return extends_prefix(messages, handle.messages, count)
 
     async def _next_catalog(
         self,

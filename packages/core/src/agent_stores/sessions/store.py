@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import os
 import random
 import secrets
@@ -122,9 +123,18 @@ class Session:
 
         self._turn.check_usable()
         items = list(messages)
-        # The set of exact types first: a C-speed pass over a long history; the
-        # per-item check runs only when something else (a subclass, or an error) is there.
-        if not set(map(type, items)) <= {ModelRequest, ModelResponse}:
+        loaded = self._handle.messages
+        # The usual list starts with the loaded history itself (``[*session.messages,
+        # ...]``): those messages were checked when they were loaded or saved, and the
+        # save reuses this one C-speed comparison instead of making it again.
+        start = 0
+        self._handle.extension = None
+        if len(items) >= len(loaded) and all(map(operator.is_, items, loaded)):
+            start = len(loaded)
+            self._handle.extension = (items, loaded)
+        # The set of exact types first: a C-speed pass; the per-item check runs only when
+        # something else (a subclass, or an error) is there.
+        if not set(map(type, items[start:])) <= {ModelRequest, ModelResponse}:
             for index, message in enumerate(items):
                 if not isinstance(message, (ModelRequest, ModelResponse)):
                     raise TypeError(
