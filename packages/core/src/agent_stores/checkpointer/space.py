@@ -28,20 +28,19 @@ import asyncio
 import random
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import Entry, KVStore
+from ..lru import LRU
 from ..options import UNSET, renamed_option
 from ..subjects import DEFAULT_SUBJECT_PREFIX, SubjectIndex
 from .codec import canonical, decode_record, digest
 from .port import AppendRequest, JournalPort, KVJournalPort
 
-K = TypeVar("K")
 V = TypeVar("V")
 
 #: Records above this share of the backend's item limit are chunked.
@@ -69,33 +68,6 @@ _CACHE_RUNS = 1024
 def _head_value(position: int) -> bytes:
     """``canonical({"next": position})``, without the encoder (written on every append)."""
     return b'{"next":%d}' % position
-
-
-class LRU(Generic[K, V]):
-    """A small bounded mapping: the least recently used key goes first."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._data: OrderedDict[K, V] = OrderedDict()
-
-    def get(self, key: K) -> V | None:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-        return value
-
-    def set(self, key: K, value: V) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self._size:
-            self._data.popitem(last=False)
-
-    def pop(self, key: K) -> None:
-        self._data.pop(key, None)
-
-    def discard_where(self, predicate: Callable[[K], bool]) -> None:
-        for key in [k for k in self._data if predicate(k)]:
-            del self._data[key]
 
 
 @dataclass(frozen=True, slots=True)

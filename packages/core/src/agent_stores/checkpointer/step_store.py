@@ -38,6 +38,7 @@ from ..damage import ProblemLog
 from ..errors import ConflictError, CorruptRecordError
 from ..kv.base import KVStore
 from ..lifecycle import KVBackedStore
+from ..lru import LRU
 from ..options import UNSET, renamed_option
 from ..subjects import SubjectEntry
 from .codec import canonical, decode_record, digest
@@ -48,7 +49,6 @@ from .space import (
     _CACHE_RUNS,
     DEFAULT_RUN_TTL_SECONDS,
     DEFAULT_SCOPE_PREFIX,
-    LRU,
     MAX_ATTEMPTS,
     RunSpace,
     backoff,

@@ -50,6 +50,7 @@ from ..errors import (
     ResourceClosedError,
 )
 from ..kv.base import Delete, Entry, KVStore, random_hex, within_deadline
+from ..lru import LRU
 from .cache import CachedChunk, ChunkCache
 from .catalog import (
     ERASING_KEY,
@@ -310,7 +311,7 @@ class KVSessionStorage:
         self._cleanup_tasks: set[asyncio.Task[None]] = set()
         # The state this store wrote last per session, and the keys of its chunks: sent
         # with the next acquire (AcquireRequest.known) while every chunk is cached.
-        self._known: dict[str, tuple[Entry, frozenset[str]]] = {}
+        self._known: LRU[str, tuple[Entry, frozenset[str]]] = LRU(_KNOWN_STATES)
         #: the owners' indexes (``catalog.py``)
         self.catalog = CatalogIndex(kv, catalog_prefix, self._call, self._spawn)
 
@@ -1274,11 +1275,9 @@ class KVSessionStorage:
 
     def _remember_state(self, scope: str, version: str, value: bytes, header: StateHeader) -> None:
         """Note the state this store just wrote (for the next acquire's ``known``)."""
-        known = self._known
-        known.pop(scope, None)  # re-inserted last: the oldest entries go first
-        if len(known) >= _KNOWN_STATES:
-            del known[next(iter(known))]
-        known[scope] = (Entry(value, version, None), frozenset(c.key for c in header.chunks))
+        self._known.set(
+            scope, (Entry(value, version, None), frozenset(c.key for c in header.chunks))
+        )
 
     async def _acquired(
         self, session_id: str, scope: str, owner: str, reply: AcquireReply, load_history: bool
