@@ -96,12 +96,14 @@ waiter AS (
     WHERE scope = %(scope)s AND key = %(waiter)s
       AND (expires_at IS NULL OR expires_at > %(now)s)
 ),
+known AS (
+    -- the warm acquire: the client sent these very bytes, nothing to parse
+    SELECT cur.*, version = %(known)s::text AND NOT EXISTS (SELECT 1 FROM waiter) AS warm
+    FROM cur
+),
 hdr AS (
-    SELECT version, value, nl,
-           -- the warm acquire: the client sent these very bytes, nothing to parse
-           version = %(known)s::text AND NOT EXISTS (SELECT 1 FROM waiter) AS warm,
-           CASE WHEN version = %(known)s::text AND NOT EXISTS (SELECT 1 FROM waiter)
-                THEN NULL
+    SELECT version, value, nl, warm,
+           CASE WHEN warm THEN NULL
                 WHEN nl > 1
                 THEN convert_from(substring(value FROM 1 FOR nl - 1), 'UTF8')::jsonb
            END AS h,
@@ -110,7 +112,7 @@ hdr AS (
                      AND substring(value FROM 1 FOR %(start_len)s::int) = %(start)s
                 THEN substring(value FROM %(start_len)s::int + 1 FOR nl - 1 - %(start_len)s::int)
            END AS rest
-    FROM cur
+    FROM known
 ),
 lay AS (
     -- where acquired_state() finds the fence's digits (up to the first comma) and the
