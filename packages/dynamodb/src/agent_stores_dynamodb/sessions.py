@@ -1,15 +1,15 @@
 """The native session port on DynamoDB: a warm turn in two requests.
 
-A warm turn is one this process saved last. The port remembers, per session, the state
-bytes and version its last successful save wrote, so the next acquire needs no read:
+A warm turn is one this process saved last. The store sends the state bytes and
+version it saved last (``AcquireRequest.known``, while it still caches every chunk they
+name), so the acquire needs no read:
 
 * **acquire + load** — one TransactWriteItems: a ConditionCheck that no waiting hint
   ``w`` is live, and a Put of :func:`~agent_stores.sessions.acquired_state` of the
-  remembered bytes conditioned on ``version`` still being the remembered one. The
-  version is the fencing token, so the condition proves the remembered bytes *are* the
-  stored state; the lease decision (free, expired or ours; no recovery marker; no chunk
-  due for re-copy) is made on those bytes before sending. Chunks come from the process's
-  cache (the core fetches any it evicted with one BatchGetItem).
+  known bytes conditioned on ``version`` still being the known one. The version is the
+  fencing token, so the condition proves the known bytes *are* the stored state; the
+  lease decision (free, expired or ours; no recovery marker; no chunk due for re-copy)
+  is made on those bytes before sending. Chunks come from the process's cache.
 * **save + release** — one TransactWriteItems with the new chunk parts (create if absent)
   and the state CAS; one conditional PutItem when no chunk is new.
 
@@ -17,8 +17,8 @@ When another process wrote the session since, the transaction fails and returns 
 state as it stands (``ReturnValuesOnConditionCheckFailure=ALL_OLD``, surfaced as
 :class:`~agent_stores_dynamodb.StaleConditionError`): the decision is made again on those
 bytes and a second transaction, fenced by their version, takes the lease — a cold turn
-in three requests, no read. Anything else — no remembered state (a process's first turn
-on the session), a client waiting, a lease held by someone else, a recovery marker, a
+in three requests, no read. Anything else — no known state (a process's first turn on
+the session, or its chunks evicted from the cache), a client waiting, a lease held by someone else, a recovery marker, a
 second failed condition — answers ``GENERIC`` and the core runs its KV algorithm
 (BatchGetItem, then a conditional PutItem): same guarantees, one request more. Built on the public port
 (:class:`agent_stores.sessions.SessionPort`), through :meth:`DynamoDBKV.commit`; nothing
@@ -28,8 +28,6 @@ of the core is overridden. Each of :meth:`~DynamoDBSessionPort.acquire` and
 """
 
 from __future__ import annotations
-
-from collections import OrderedDict
 
 from agent_stores.backend import (
     GENERIC,
@@ -52,8 +50,6 @@ from agent_stores.errors import ConflictError, ValueTooLargeError
 
 from .kv import TRANSACTION_MAX_ITEMS, DynamoDBKV, StaleConditionError
 
-#: Sessions whose last saved state a port remembers (least recently used dropped first).
-REMEMBERED_SESSIONS = 4096
 #: Default ``handover_courtesy_seconds`` of session stores on DynamoDB: how long a store
 #: that just released a session lets a waiting client take it (core default: 0.1 s, sized
 #: for sub-millisecond backends; a waiter here needs a few requests of milliseconds each).
@@ -63,30 +59,20 @@ HANDOVER_COURTESY_SECONDS = 0.5
 class DynamoDBSessionPort:
     """:class:`~agent_stores.sessions.SessionPort` on a :class:`DynamoDBKV` (see the module doc)."""
 
-    def __init__(self, kv: DynamoDBKV, *, remembered: int = REMEMBERED_SESSIONS) -> None:
+    def __init__(self, kv: DynamoDBKV) -> None:
         self.kv = kv
         self._generic = KVSessionPort(kv)
-        self._remembered = remembered
-        # scope -> (version, state bytes) written by this port's last successful save
-        self._last: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
-
-    def _remember(self, scope: str, version: str, state: bytes) -> None:
-        self._last[scope] = (version, state)
-        self._last.move_to_end(scope)
-        while len(self._last) > self._remembered:
-            self._last.popitem(last=False)
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
         """One TransactWriteItems on a warm session; ``GENERIC`` otherwise."""
         return await within_deadline(self.kv, self._acquire(request))
 
     async def _acquire(self, request: AcquireRequest) -> AcquireReply:
-        last = self._last.pop(request.scope, None)
-        if last is None:
+        known = request.known
+        if known is None:
             return GENERIC
-        version, stored = last
         try:
-            return await self._take(request, version, stored)
+            return await self._take(request, known.version, known.value)
         except StaleConditionError as stale:
             # Another process wrote the session: the failed transaction returned the state
             # as it stands, so decide again on it, fenced by its version (no read).
@@ -166,5 +152,4 @@ class DynamoDBSessionPort:
                 last = versions[-1]
                 assert last is not None
                 version = last
-        self._remember(request.scope, version, request.state)
         return version

@@ -12,8 +12,9 @@ stored layout, fencing and guarantees, the contract unchanged):
   returns the chunk parts the request does not list as held. The client lists the chunk
   keys it has cached for the session, so a cold turn (the session last written by
   another process) costs the same single round trip as a warm one and receives only the
-  chunks it lacks. When the state is the one this port last wrote, the script does not
-  send it back: the client rebuilds the same bytes. Unusual states (a recovery marker,
+  chunks it lacks. When the state is still the one the store saved last
+  (``AcquireRequest.known``), the script does not send it back: the client rebuilds the
+  same bytes. Unusual states (a recovery marker,
   chunks due for re-copy, an unreadable header) are left to the generic code.
 * **save + release: one script**: the new chunk parts are created by the same atomic
   ``commit`` as the fenced state replace, so chunks never exist referenced-but-unwritten
@@ -23,7 +24,6 @@ stored layout, fencing and guarantees, the contract unchanged):
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from typing import Any
 
 from agent_stores.backend import (
@@ -43,9 +43,6 @@ from agent_stores.backend import (
 from . import lua
 from .kv import RedisKV
 
-#: How many sessions' last written state a port remembers (to skip sending it back).
-KNOWN_STATES = 4096
-
 
 class RedisSessionPort:
     """:class:`~agent_stores.sessions.SessionPort` on :class:`RedisKV`: one script per step."""
@@ -54,14 +51,6 @@ class RedisSessionPort:
         if not isinstance(kv, RedisKV):
             raise TypeError(f"RedisSessionPort needs a RedisKV, got {type(kv).__name__}")
         self.kv = kv
-        # scope -> (version, bytes) of the state this port last wrote or acquired.
-        self._known: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
-
-    def _remember(self, scope: str, version: str, value: bytes) -> None:
-        self._known[scope] = (version, value)
-        self._known.move_to_end(scope)
-        if len(self._known) > KNOWN_STATES:
-            self._known.popitem(last=False)
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
         """One script: decide, take the lease, return the state (unless known) and missing chunks."""
@@ -73,7 +62,7 @@ class RedisSessionPort:
         kv.check_open()
         kv.check_ids(scope, STATE_KEY)
         expires_at = kv.expires_at(request.ttl_seconds, now)
-        known = self._known.get(scope)
+        known = request.known  # the state the store saved last, when it still has it all
         version = new_version()
         owner_json = json.dumps(request.owner)
         args: list[Any] = [
@@ -89,7 +78,7 @@ class RedisSessionPort:
             kv.expiry_text(expires_at),
             kv.gc_milliseconds(expires_at, now),
             kv.layout.entry_prefix(scope),
-            known[0] if known is not None else "",
+            known.version if known is not None else "",
             str(kv.limits.max_value_bytes),
             *sorted(request.held_chunks),
         ]
@@ -105,13 +94,11 @@ class RedisSessionPort:
             if not state:
                 assert known is not None
                 rebuilt = acquired_state(
-                    known[1], owner=request.owner, lease_end=request.lease_end, now=request.now
+                    known.value, owner=request.owner, lease_end=request.lease_end, now=request.now
                 )
                 if rebuilt is None:  # pragma: no cover - the script read the same bytes
-                    self._known.pop(scope, None)
                     return GENERIC
                 state = rebuilt
-            self._remember(scope, version, state)
             parts = {bytes(reply[i]).decode(): bytes(reply[i + 1]) for i in range(2, len(reply), 2)}
             return AcquireReply("acquired", version=version, state=state, parts=parts)
         if outcome == b"busy":
@@ -123,7 +110,6 @@ class RedisSessionPort:
             )
         if outcome == b"courtesy":
             return AcquireReply("courtesy", retry_after=float(reply[1]))
-        self._known.pop(scope, None)
         return GENERIC
 
     async def save(self, request: SaveRequest) -> str:
@@ -134,12 +120,7 @@ class RedisSessionPort:
             for i, part in enumerate(chunk.parts)
         ]
         ops.append(Replace(STATE_KEY, request.state, request.expected_version, request.ttl_seconds))
-        try:
-            versions = await self.kv.commit(request.scope, ops)
-        except BaseException:
-            self._known.pop(request.scope, None)
-            raise
+        versions = await self.kv.commit(request.scope, ops)
         version = versions[-1]
         assert version is not None
-        self._remember(request.scope, version, request.state)
         return version
