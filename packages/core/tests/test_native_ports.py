@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from agent_stores import connect
+from agent_stores.backend import AcquireReply, AcquireRequest
 from agent_stores.backends.sqlite import SQLiteKV
 from agent_stores.backends.sqlite_ports import SQLiteSessionPort
 from agent_stores.checkpointer import JournalEvent
 from agent_stores.memory import KVMemoryStore
 from agent_stores.memory._harness import MemoryOperation
 from agent_stores.memory.port import KVMemoryPort
-from agent_stores.sessions import KVSessionPort, SessionStore
+from agent_stores.sessions import KVSessionPort, SessionBusyError, SessionStore
 from agent_stores_contract import (
     CheckpointerContract,
     MemoryContract,
@@ -249,6 +250,38 @@ async def test_session_turn_warm_and_cold(sqlite_url: str) -> None:
             assert trace.writes_outside_transactions() == (
                 [acquire[0]] if acquire_words[0] == "UPDATE" else []
             ), trace.statements
+        for store in (first, second):
+            await store.aclose()
+
+
+async def test_a_known_state_that_did_not_take_the_lease_is_not_sent_again(
+    sqlite_url: str,
+) -> None:
+    """A store's acquire carries the state it saved last (``AcquireRequest.known``) until
+    an acquire finds the session held: the known state is stale then (or a client waits),
+    so the polls that follow send none (on DynamoDB trying it would cost a request each)."""
+    async with connect(sqlite_url) as conn:
+        first, second = conn.sessions(), conn.sessions()
+        port = first.storage.port
+        sent: list[bool] = []
+        acquire = port.acquire
+
+        async def recording(request: AcquireRequest) -> AcquireReply:
+            if request.store_id == first.storage.store_id:  # the port is the KV's: shared
+                sent.append(request.known is not None)
+            return await acquire(request)
+
+        port.acquire = recording  # type: ignore[method-assign]
+        async with first.turn("s") as session:
+            session.replace(pair(0))
+        async with second.turn("s") as held:
+            with pytest.raises(SessionBusyError):
+                async with first.turn("s", timeout_seconds=0.3):
+                    pass
+            held.replace([*held.messages, *pair(1)])
+        assert sent[0] is False  # a new session: nothing known yet
+        assert sent[1] is True  # the state it saved, tried once
+        assert len(sent) > 2 and not any(sent[2:]), sent
         for store in (first, second):
             await store.aclose()
 

@@ -1237,6 +1237,10 @@ class KVSessionStorage:
             )
             if reply.outcome == "acquired":
                 return await self._acquired(session_id, scope, owner, reply, load_history)
+            # Not taken over the known state: it is stale, or a client waits for the
+            # session. Either way the next attempt must not pay for trying it again (on
+            # DynamoDB a failed conditional write is a request).
+            self._known.pop(scope)
             if reply.outcome == "busy":
                 return Busy(
                     lease_expires_at=reply.lease_expires_at,
