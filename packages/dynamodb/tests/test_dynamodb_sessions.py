@@ -181,6 +181,8 @@ async def test_a_stale_state_held_by_another_client_is_not_taken(
                 pass
         assert meter.calls[0] == "TransactWriteItems"  # the port tried, then the core waited
         assert "BatchGetItem" in meter.calls
+        # Tried once: the polls that follow do not pay a failed transaction each.
+        assert meter.calls.count("TransactWriteItems") == 1, meter.calls
     async with one.turn("s") as s:
         assert len(s.messages) == 6
 
