@@ -1582,7 +1582,10 @@ class KVSessionStorage:
         await self._cas_state(handle, new_header, plan.tail, plan.writes, release=release)
         handle.indexed = None
         self._discard_later(handle.session_id, handle.scope, plan.obsolete)
-        if messages is not None:
+        if messages is not None and not release:
+            # The basis of this turn's next save. After a release there is none, and the
+            # copy would be two more lists of the whole history a turn for the
+            # interpreter's garbage collector to walk (most of a long history's client CPU).
             handle.messages = self._as_stored(handle.scope, plan.chunks, messages)
         handle.pending_effects = recovery
         if not release:
