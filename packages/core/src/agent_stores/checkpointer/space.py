@@ -53,6 +53,7 @@ _WRITE_CONCURRENCY = 16
 MAX_ATTEMPTS = 500
 #: Seconds after which a run's index entry is checked again when one of its logs starts.
 _ANCHOR_RECHECK = 5.0
+#: A run's anchored expiry when the store keeps runs for ever (no TTL).
 _NEVER = float("inf")
 
 
@@ -193,12 +194,12 @@ class RunSpace:
         record of the run is written to expire at that same instant, so a run never
         expires piecemeal.
         """
+        anchored = self._anchored_ttl(self._anchors.get(run_id))
+        if not isinstance(anchored, _Unanchored):
+            return anchored
         now = self.kv.clock()
-        cached = self._anchors.get(run_id)
-        expires = cached[0] if cached is not None else None
-        if expires is None or expires <= now:
-            expires = await self._anchor(run_id, now)
-        if expires == float("inf"):
+        expires = await self._anchor(run_id, now)
+        if expires == _NEVER:
             return None
         remaining = expires - now
         if remaining <= 0:  # pragma: no cover - anchor was just renewed
@@ -206,8 +207,9 @@ class RunSpace:
         return remaining
 
     def _anchored_ttl(self, cached: tuple[float, float] | None) -> float | _Unanchored | None:
-        """:meth:`write_ttl` without awaiting, from the run's cached anchor ``cached`` when
-        it is not due (every append of a busy run); else ``_NOT_ANCHORED``."""
+        """:meth:`write_ttl` from the run's cached anchor ``cached``, without awaiting,
+        when it is not due (every append of a busy run); else ``_NOT_ANCHORED`` (the
+        anchor must be written or read first)."""
         if cached is None:
             return _NOT_ANCHORED
         expires, now = cached[0], self.kv.clock()
@@ -223,14 +225,14 @@ class RunSpace:
         for attempt in range(MAX_ATTEMPTS):
             try:
                 await self.kv.create(self.runs_scope, run_id, value, ttl=self.ttl)
-                expires = now + self.ttl if self.ttl is not None else float("inf")
+                expires = now + self.ttl if self.ttl is not None else _NEVER
                 break
             except ConflictError:
                 entry = await self.kv.get(self.runs_scope, run_id)
                 if entry is None:  # deleted or expired in between: claim it again
                     await backoff(attempt)
                     continue
-                expires = entry.expires_at if entry.expires_at is not None else float("inf")
+                expires = entry.expires_at if entry.expires_at is not None else _NEVER
                 break
         else:  # pragma: no cover
             raise ConflictError(detail=f"could not anchor run {run_id!r}")
