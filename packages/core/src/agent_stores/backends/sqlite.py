@@ -396,14 +396,13 @@ class SQLiteKV(KVStore):
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` (statements that only read) on the store's connection, outside any
-        transaction. For the native ports of the stores."""
-        self.check_open()
-        return await self._run(fn)
+        transaction (:meth:`autocommit`). For the native ports of the stores."""
+        return await self.autocommit(fn)
 
     async def autocommit(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the store's connection outside any explicit transaction: each of
-        its statements commits by itself. For a native port's write of one statement,
-        which needs no ``BEGIN`` and ``COMMIT`` around it to be atomic."""
+        its statements commits by itself. For a native port's reads, and its write of one
+        statement, which needs no ``BEGIN`` and ``COMMIT`` around it to be atomic."""
         self.check_open()
         return await self._run(fn)
 
