@@ -325,6 +325,15 @@ def check_acquired(reply: AcquireReply, stored: bytes, request: AcquireRequest) 
     )
 
 
+def check_started_over(reply: AcquireReply, request: AcquireRequest, why: str) -> None:
+    """An ``acquired`` reply holds a fresh session: fence 1, no chunks, an empty tail,
+    the request's owner holding the lease."""
+    assert reply.state is not None, "an acquired reply carries the state"
+    header, tail = decode_state(reply.state)
+    assert header.fence == 1 and header.chunks == () and tail == EMPTY_ARRAY, why
+    assert header.lease is not None and header.lease.owner == request.owner, why
+
+
 async def stored(kv: KVStore, scope: str, key: str = STATE_KEY) -> tuple[bytes, str] | None:
     entry = await kv.get(scope, key)
     return None if entry is None else (entry.value, entry.version)
@@ -591,12 +600,7 @@ class PortContract(ContractBase):
                 f"an expired state was taken for a live one: {reply.outcome}"
             )
             if reply.outcome == "acquired":
-                assert reply.state is not None
-                header, tail = decode_state(reply.state)
-                assert header.fence == 1 and header.chunks == () and tail == EMPTY_ARRAY, (
-                    "an expired session must start over, not be revived"
-                )
-                assert header.lease is not None and header.lease.owner == "owner-b"
+                check_started_over(reply, request, "an expired session must start over")
                 assert await stored(client.kv, scope) == (reply.state, reply.version)
 
     @rule("hand-over", "expired-not-live")
@@ -681,10 +685,8 @@ class PortContract(ContractBase):
             if reply.outcome == "generic":
                 continue
             if case == "expired":
-                assert reply.state is not None
-                header, tail = decode_state(reply.state)
-                assert header.fence == 1 and tail == EMPTY_ARRAY, (
-                    "an expired session was revived from the known state"
+                check_started_over(
+                    reply, request, "an expired session must not be revived from the known state"
                 )
             else:
                 check_acquired(reply, current, request)
