@@ -99,6 +99,7 @@ from .forks import (
     refs_by_home,
     rehomed,
 )
+from .history import StoredHistory
 from .info import SessionInfo
 from .port import (
     AcquireReply,
@@ -174,7 +175,7 @@ class LeaseHandle:
     owner: str
     fence: int
     lease_expires_at: float
-    messages: list[ModelMessage]
+    messages: Sequence[ModelMessage]
     pending_effects: tuple[EffectCall, ...]
     version: str
     header: StateHeader
@@ -190,7 +191,7 @@ class LeaseHandle:
     #: a list of messages the session found to start with ``messages`` message for
     #: message (the same objects), and that ``messages`` list: the save of that list
     #: then skips the same comparison (:meth:`KVSessionStorage.extends_stored`)
-    extension: tuple[Sequence[ModelMessage], list[ModelMessage]] | None = None
+    extension: tuple[Sequence[ModelMessage], Sequence[ModelMessage]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,7 +479,7 @@ class KVSessionStorage:
 
     def _as_stored(
         self, scope: str, chunks: Sequence[ChunkRef], messages: Sequence[ModelMessage]
-    ) -> list[ModelMessage]:
+    ) -> Sequence[ModelMessage]:
         """``messages`` with its chunked part replaced by the decoded chunks.
 
         The next save compares against this to decide whether the chunks can be kept. The
@@ -486,15 +487,18 @@ class KVSessionStorage:
         after a save (it fills in the request it was about to send), and comparing an
         edited object with itself would keep a chunk that no longer matches.
         """
-        stored: list[ModelMessage] = []
+        pieces: list[Sequence[ModelMessage]] = []
+        stored = 0
         for ref in chunks:
             cached = self.cache.get(ref.home or scope, ref.key)
             if cached is None:
                 # Not cached (evicted, or larger than the cache): the caller's objects
                 # are the best we have; an in-place edit of them would go unnoticed.
                 return list(messages)
-            stored.extend(cached.messages)
-        return [*stored, *messages[len(stored) :]]
+            pieces.append(cached.messages)
+            stored += len(cached.messages)
+        pieces.append(messages[stored:])
+        return StoredHistory(pieces)
 
     def _remember_written_chunk(self, scope: str, key: str, planned: _Planned) -> None:
         """Cache a chunk this process is writing.
@@ -577,9 +581,20 @@ class KVSessionStorage:
         tail: bytes,
         fetched: Mapping[str, bytes | CachedChunk],
     ) -> list[ModelMessage]:
+        """The history as a new list (see :meth:`_stored_history`)."""
+        return self._stored_history(session_id, scope, header, tail, fetched).to_list()
+
+    def _stored_history(
+        self,
+        session_id: str,
+        scope: str,
+        header: StateHeader,
+        tail: bytes,
+        fetched: Mapping[str, bytes | CachedChunk],
+    ) -> StoredHistory:
         """The history: each chunk from ``fetched`` (held from the cache, or its raw bytes,
         decoded and cached now; every chunk of ``header`` must be there), then the tail."""
-        messages: list[ModelMessage] = []
+        pieces: list[Sequence[ModelMessage]] = []
         try:
             for ref in header.chunks:
                 got = fetched[ref.key]
@@ -593,11 +608,11 @@ class KVSessionStorage:
                         )
                     cached = CachedChunk(raw, tuple(decode_messages(raw, ref.count)))
                     self.cache.put(ref.home or scope, ref.key, cached)
-                messages.extend(cached.messages)
-            messages.extend(decode_messages(tail, header.tail_count))
+                pieces.append(cached.messages)
+            pieces.append(decode_messages(tail, header.tail_count))
         except RecordError as exc:
             raise self._invalid(session_id, str(exc)) from None
-        return messages
+        return StoredHistory(pieces)
 
     async def _chunk_content(
         self, session_id: str, scope: str, ref: ChunkRef
@@ -1325,7 +1340,7 @@ class KVSessionStorage:
                     fetched.update(await self._fetch_chunks(session_id, scope, missing))
                 except _MissingChunk as exc:
                     raise self._invalid(session_id, f"history chunk {exc} is missing") from None
-            handle.messages = self._assemble(session_id, scope, header, tail, fetched)
+            handle.messages = self._stored_history(session_id, scope, header, tail, fetched)
         except BaseException:
             await asyncio.shield(self._release_quietly(handle))
             raise
@@ -1442,7 +1457,7 @@ class KVSessionStorage:
                 raise self._invalid(session_id, f"history chunk {fetched} is missing")
             if isinstance(fetched, BaseException):
                 raise fetched
-            handle.messages = self._assemble(session_id, scope, acquired, tail, fetched)
+            handle.messages = self._stored_history(session_id, scope, acquired, tail, fetched)
         except BaseException:
             await asyncio.shield(self._release_quietly(handle))
             raise

@@ -30,6 +30,7 @@ from .errors import (
     TransientStoreError,
 )
 from .forks import BranchInfo, ForkReport
+from .history import StoredHistory, as_list
 from .info import SessionInfo
 from .port import SessionPort
 from .storage import Acquired, Busy, KVSessionStorage, LeaseHandle, Ticket
@@ -82,8 +83,8 @@ class Session:
         self._handle = handle
         self.session_id: str = handle.session_id
         #: The history loaded when the turn started (your own list: mutating it saves nothing).
-        self.messages: list[ModelMessage] = list(handle.messages)
-        self._replacement: list[ModelMessage] | None = None
+        self.messages: list[ModelMessage] = as_list(handle.messages)
+        self._replacement: Sequence[ModelMessage] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -122,16 +123,15 @@ class Session:
         from pydantic_ai.messages import ModelRequest, ModelResponse
 
         self._turn.check_usable()
-        items = list(messages)
+        # A list is read without copying it first: what is kept is copied below.
+        items = messages if type(messages) is list else list(messages)
         loaded = self._handle.messages
         # The usual list starts with the loaded history itself (``[*session.messages,
         # ...]``): those messages were checked when they were loaded or saved, and the
         # save reuses this one C-speed comparison instead of making it again.
         start = 0
-        self._handle.extension = None
         if len(items) >= len(loaded) and all(map(operator.is_, items, loaded)):
             start = len(loaded)
-            self._handle.extension = (items, loaded)
         # The set of exact types first: a C-speed pass; the per-item check runs only when
         # something else (a subclass, or an error) is there.
         if not set(map(type, items[start:])) <= {ModelRequest, ModelResponse}:
@@ -141,7 +141,17 @@ class Session:
                         f"replace() expects Pydantic AI ModelMessage objects; item {index} is "
                         f"{type(message).__name__}"
                     )
-        self._replacement = items
+        replacement: Sequence[ModelMessage]
+        if start:
+            # Kept as the loaded history's own pieces and a copy of the new messages, not
+            # as a second list of the whole history (agent_stores.sessions.history): the
+            # same snapshot, and no young list of a long history for the collector to walk.
+            replacement = StoredHistory.joined(loaded, items[start:])
+            self._handle.extension = (replacement, loaded)
+        else:
+            replacement = list(items) if items is messages else items
+            self._handle.extension = None
+        self._replacement = replacement
         return NotAwaitable("Session.replace()", "it only records the history saved on exit")
 
     def set_catalog(
