@@ -519,7 +519,7 @@ class KVSessionStorage:
         """Every chunk of ``refs``: the cached ones as held now, the others' raw bytes read
         in one ``get_many``.
 
-        The cached ones are held so that :meth:`_assemble` never looks them up again: other
+        The cached ones are held so that :meth:`_stored_history` never looks them up again: other
         turns fill the cache while this one waits for its read, and may evict them.
         A chunk the state references but the read did not find is read again a few times
         over about half a second before it counts as missing: a lagging replica (an
@@ -572,17 +572,6 @@ class KVSessionStorage:
             else:
                 held[ref.key] = cached
         return held, missing
-
-    def _assemble(
-        self,
-        session_id: str,
-        scope: str,
-        header: StateHeader,
-        tail: bytes,
-        fetched: Mapping[str, bytes | CachedChunk],
-    ) -> list[ModelMessage]:
-        """The history as a new list (see :meth:`_stored_history`)."""
-        return self._stored_history(session_id, scope, header, tail, fetched).to_list()
 
     def _stored_history(
         self,
@@ -1165,8 +1154,10 @@ class KVSessionStorage:
         sid, scope = handle.session_id, handle.scope
         try:
             fetched = await self._fetch_chunks(sid, scope, list(refs.values()))
-            ours = self._assemble(sid, scope, mine, mine_value.partition(b"\n")[2], fetched)
-            theirs = self._assemble(sid, scope, stored, stored_value.partition(b"\n")[2], fetched)
+            ours = self._stored_history(sid, scope, mine, mine_value.partition(b"\n")[2], fetched)
+            theirs = self._stored_history(
+                sid, scope, stored, stored_value.partition(b"\n")[2], fetched
+            )
         except (_MissingChunk, InvalidSessionError):
             return False
         return theirs[: len(ours)] == ours
@@ -1984,7 +1975,7 @@ class KVSessionStorage:
                 if again is not None and again.version != entry.version:
                     continue
                 raise self._invalid(session_id, f"history chunk {missing} is missing") from None
-            return self._assemble(session_id, scope, header, tail, fetched)
+            return self._stored_history(session_id, scope, header, tail, fetched).to_list()
         raise SessionStoreError(
             f"session {session_id!r} changed too often to be read", session_id=session_id
         )
@@ -2299,7 +2290,7 @@ class KVSessionStorage:
         if at_turn is None and (not recovery or count >= header.message_count):
             return count, recovery
         fetched = await self._fetch_chunks(session_id, scope, header.chunks)
-        messages = self._assemble(session_id, scope, header, tail, fetched)[:count]
+        messages = self._stored_history(session_id, scope, header, tail, fetched)[:count]
         if at_turn is not None:
             count = cut_at_turn(messages, at_turn, f"session {session_id!r}")
         if not recovery or count >= header.message_count:
@@ -2469,7 +2460,7 @@ class KVSessionStorage:
             raise self._invalid(
                 handle.session_id, f"branch {branch_id}: history chunk {missing} is missing"
             ) from None
-        messages = self._assemble(handle.session_id, handle.scope, kept, kept_tail, fetched)
+        messages = self._stored_history(handle.session_id, handle.scope, kept, kept_tail, fetched)
         plan = _Plan(list(kept.chunks), kept_tail, kept.tail_count)
         plan.obsolete = _dropped(handle.header.chunks, kept.chunks)
         branch = await self._set_aside(handle, self.clock(), "restore")
