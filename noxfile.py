@@ -727,7 +727,7 @@ def bench(session: nox.Session) -> None:
         "-e",
         "packages/core[harness]",
         "-e",
-        "packages/redis",
+        "packages/redis[hiredis]",
         "-e",
         "packages/postgres",
         external=True,

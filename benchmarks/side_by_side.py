@@ -1289,6 +1289,21 @@ def machine_load(*, judge: bool = True) -> str:
     )
 
 
+def redis_clients() -> str:
+    """Which Redis client libraries the Redis rows ran on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        hiredis = version("hiredis")
+    except PackageNotFoundError:
+        return f"Redis rows: redis-py {version('redis')} without hiredis."
+    return (
+        f"Redis rows: redis-py {version('redis')} with hiredis {hiredis} (the "
+        "`agent-stores-redis[hiredis]` extra): every client here, anchor and floor included, "
+        "parses replies with it; agent-stores also packs its scripts with it."
+    )
+
+
 def markdown(
     res: Results, started: str, seconds: float, argv: list[str], load: tuple[str, str]
 ) -> str:
@@ -1309,6 +1324,7 @@ def markdown(
         "`PostgresMemoryStore` (asyncpg pool 1-5), `SqliteMemoryStore` on a WAL + `synchronous=NORMAL`",
         "connection (agent-stores' own SQLite setting), `PostgresStepStore`, `SqliteStepStore`",
         "(WAL + `synchronous=NORMAL` too).",
+        redis_clients(),
         "",
         "| what | ratio (range) | agent-stores | anchor |",
         "|---|---|---|---|",
@@ -1438,6 +1454,7 @@ def main() -> None:
     t0 = time.perf_counter()
     before = machine_load()
     print(f"load average (1 min): {before}")
+    print(redis_clients())
     print("agent-stores ÷ anchor, same process, trials interleaved (ratio (min-max over trials))")
     res = asyncio.run(main_async(args))
     load = (before, machine_load(judge=False))  # after: the bench's own work is in it

@@ -20,6 +20,13 @@ and its reply together, is kept on the store's shared deadline timer
 disconnects the connection (redis-py does on any cancelled read) and is a redis-py
 ``TimeoutError``, retried like one.
 
+With the ``hiredis`` extra installed, a command is packed by hiredis's ``pack_command`` (in
+C, the same bytes: about 1.5 µs against redis-py's 14 µs for a session script's 20
+arguments; redis-py 8 packs asynchronous commands in Python even with hiredis). Only
+when the connection class packs as redis-py's own does (a subclass or an instrumented
+``pack_command``, such as :mod:`.faults`' or a request counter's, is called instead) and
+the client encodes text as strict UTF-8, as hiredis does.
+
 Connections are kept in a last-in-first-out free list; at most ``limit`` are in use at
 once (a call waits for one, bounded by the call's deadline). A connection that failed was
 already disconnected by redis-py and reconnects on its next command; one the server closed
@@ -29,10 +36,39 @@ while it was idle is found out before a command is written to it.
 from __future__ import annotations
 
 import asyncio
+import codecs
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from agent_stores.backend import within_seconds
+
+#: redis-py's own ``pack_command``, known by name: a class or test that replaces it (to
+#: inject faults or count requests) is then called, not bypassed by hiredis.
+_REDIS_PY_PACK = ("redis.asyncio.connection", "AbstractConnection.pack_command")
+
+
+def hiredis_pack(connection_kwargs: dict[str, Any]) -> Callable[[tuple[Any, ...]], bytes] | None:
+    """hiredis's ``pack_command`` when it is installed and packs as the client would: text
+    encoded as strict UTF-8 (redis-py's default ``encoding`` / ``encoding_errors``)."""
+    encoding = connection_kwargs.get("encoding", "utf-8")
+    if codecs.lookup(encoding).name != "utf-8":
+        return None
+    if connection_kwargs.get("encoding_errors", "strict") != "strict":
+        return None
+    try:
+        from hiredis import pack_command
+    except ImportError:  # the extra agent-stores-redis[hiredis] is not installed
+        return None
+    return pack_command
+
+
+def packs_as_redis_py(conn: Any) -> bool:
+    """Whether ``conn``'s class packs commands with redis-py's own method."""
+    method = type(conn).pack_command
+    return (getattr(method, "__module__", None), getattr(method, "__qualname__", None)) == (
+        _REDIS_PY_PACK
+    )
 
 
 class DirectScripts:
@@ -42,6 +78,7 @@ class DirectScripts:
         self._pool = pool
         #: the bound of one command's send and reply (redis-py's own per operation is off)
         self._timeout: float | None = pool.connection_kwargs.get("socket_timeout")
+        self._pack = hiredis_pack(pool.connection_kwargs)
         self._idle: deque[Any] = deque()
         # Bound to the running loop on its first wait, not here.
         self._slots = asyncio.Semaphore(limit)
@@ -66,9 +103,17 @@ class DirectScripts:
         finally:
             slots.release()
 
-    @staticmethod
-    async def _exchange(conn: Any, args: tuple[Any, ...]) -> Any:
-        await conn.send_packed_command(conn.pack_command(*args), check_health=False)
+    async def _exchange(self, conn: Any, args: tuple[Any, ...]) -> Any:
+        packed: Any = None
+        pack = self._pack
+        if pack is not None and packs_as_redis_py(conn):
+            try:
+                packed = pack(args)
+            except TypeError:
+                pass  # a type hiredis does not take (bytearray, memoryview): redis-py packs it
+        if packed is None:
+            packed = conn.pack_command(*args)
+        await conn.send_packed_command(packed, check_health=False)
         return await conn.read_response(disable_decoding=True)
 
     async def _checked_out(self) -> Any:
