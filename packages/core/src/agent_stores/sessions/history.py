@@ -28,7 +28,7 @@ class StoredHistory(Sequence["ModelMessage"]):
     __slots__ = ("_length", "_pieces")
 
     def __init__(self, pieces: Sequence[Sequence[ModelMessage]]) -> None:
-        self._pieces = tuple(p for p in pieces if p)
+        self._pieces = tuple(filter(None, pieces))  # empty pieces dropped
         self._length = sum(map(len, self._pieces))
 
     def __len__(self) -> int:
