@@ -128,7 +128,7 @@ class SQLiteKV(KVStore):
     """KV store in one SQLite file (WAL). Safe across tasks, threads and OS processes."""
 
     backend_name = "sqlite"
-    capabilities = KVCapabilities(commit=True, shared_across_processes=True)
+    capabilities = KVCapabilities(commit=True, shared_across_processes=True, answers_inline=True)
     url_options: ClassVar[URLOptions] = URL_OPTIONS
 
     def __init__(

@@ -462,7 +462,12 @@ class Turn:
             async with self._lock:
                 await operation()
 
-        future = asyncio.ensure_future(run())
+        eager = _EAGER_TASK
+        if eager is not None and self.store.kv.capabilities.answers_inline:
+            # Finished without a round of the event loop when nothing waits for I/O.
+            future = eager(asyncio.get_running_loop(), run())
+        else:
+            future = asyncio.ensure_future(run())
         future.add_done_callback(_consume)
         await asyncio.shield(future)
 
@@ -1216,6 +1221,10 @@ class SessionStore(KVBackedStore):
         self._closed = True
         if self.owns_kv:
             await self.kv.aclose()
+
+
+#: ``asyncio.eager_task_factory`` (Python 3.12+): the task runs at once until it first waits.
+_EAGER_TASK: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
