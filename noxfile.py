@@ -619,8 +619,9 @@ SYNAPTUM_PYTHON = os.environ.get(
 @nox.session(python=SYNAPTUM_PYTHON)
 def synaptum(session: nox.Session) -> None:
     """The Synaptum adapter tests, on Python 3.13 (Synaptum needs it), and the eager exit
-    of a turn on an inline backend (Python 3.12+); then, on the same Python, the session contract on SQLite and memory:// (asyncio differs between 3.11,
-    which the other sessions use, and 3.13: store close once spun for ever on 3.13.0)."""
+    of a turn on an inline backend (Python 3.12+); then, on the same Python, the session
+    contract on SQLite and memory:// (asyncio differs between 3.11, which the other
+    sessions use, and 3.13: store close once spun for ever on 3.13.0)."""
     session.run_install(
         "uv",
         "sync",

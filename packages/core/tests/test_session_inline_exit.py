@@ -30,7 +30,10 @@ async def rounds_during_exit(store: SessionStore) -> list[str]:
     return ran
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks need Python 3.12")
+@pytest.mark.skipif(
+    sys.version_info < (3, 12),
+    reason="asyncio.eager_task_factory is Python 3.12+ (nox -s synaptum runs this on 3.13)",
+)
 async def test_an_inline_backend_saves_without_a_round_of_the_loop(tmp_path: Path) -> None:
     async with open_sessions(f"sqlite:///{tmp_path}/s.db") as store:
         assert store.kv.capabilities.answers_inline

@@ -300,10 +300,11 @@ class KVCapabilities:
     shared_across_processes: bool = True
     """Two processes opening the same URL see the same data (False for ``memory://``)."""
     answers_inline: bool = False
-    """Calls usually finish without waiting for I/O (an embedded database run on the event
-    loop's thread, or process memory). The session store then starts a turn's last write
-    as an eager task (Python 3.12+), which finishes it without a round of the event loop;
-    on a networked backend that only reorders work, so leave it False there."""
+    """Calls usually finish without waiting for I/O or yielding to the event loop (an
+    embedded database run on the loop's thread, as SQLite; not ``memory://``, which yields
+    at every call on purpose). The session store then starts a turn's last write as an
+    eager task (Python 3.12+), which finishes it without a round of the event loop; on a
+    networked backend that only reorders work, so leave it False there."""
 
 
 # -- operations for commit ----------------------------------------------------------------
