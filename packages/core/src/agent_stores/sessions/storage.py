@@ -250,6 +250,11 @@ class _Plan:
     writes: list[ChunkWrite] = field(default_factory=list)
 
 
+def marked_extra(header: StateHeader) -> dict[str, Any]:
+    """``header.extra`` with a fresh write mark (see :meth:`KVSessionStorage._cas_state`)."""
+    return {**header.extra, WRITE_MARK: random_hex(8)}
+
+
 @dataclass
 class _Refreshed:
     """Chunks after re-copying those that would expire before a state written now."""
@@ -675,14 +680,18 @@ class KVSessionStorage:
         header = handle.header
         chunked = header.message_count - header.tail_count
         obsolete: list[ChunkRef] = []
-        if self.extends_stored(handle, messages, chunked):
+        extends = self.extends_stored(handle, messages, chunked)
+        tail_messages = messages[chunked:] if extends else messages
+        tail = encode_messages(tail_messages)
+        if len(tail) <= self.tail_bytes and extends:
+            # The usual turn: the chunks stay as they are and the new messages fit inline;
+            # nothing to spill, so nothing to merge.
+            return _Plan(list(header.chunks), tail, len(tail_messages))
+        if extends:
             planned = [_Planned(c.count, c.size, c.level, c.sealed, ref=c) for c in header.chunks]
-            tail_messages = messages[chunked:]
         else:
             obsolete = list(header.chunks)
             planned = []
-            tail_messages = messages
-        tail = encode_messages(tail_messages)
         if len(tail) > self.tail_bytes:
             # The newest message stays inline when it is small: it is the one most likely
             # to be updated by the next save (see above).
@@ -1025,6 +1034,7 @@ class KVSessionStorage:
         writes: Sequence[ChunkWrite] = (),
         *,
         release: bool = False,
+        marked: bool = False,
     ) -> None:
         """Write ``state`` (and the new chunks ``writes``) fenced by the handle's version
         through the port; on success the handle follows.
@@ -1033,6 +1043,8 @@ class KVSessionStorage:
         may echo our own re-sent write, a lost reply) is settled by reading the state back
         and recognising our own write (:meth:`_settle_conflict`), never guessed. A release
         whose write landed succeeds even if another client took the session since.
+        ``marked``: ``header`` already carries a mark drawn for this very write
+        (:func:`marked_extra`).
         """
         if handle.lost:
             self._forget_chunks(handle.scope, writes)
@@ -1055,7 +1067,8 @@ class KVSessionStorage:
         if refreshed.written:
             header = replace(header, chunks=tuple(refreshed.chunks))
             writes = [*writes, *refreshed.writes]
-        header = replace(header, extra={**header.extra, WRITE_MARK: random_hex(8)})
+        if not marked:
+            header = replace(header, extra=marked_extra(header))
         value = encode_state(header, tail)
         try:
             version = await self._call(
@@ -1584,8 +1597,11 @@ class KVSessionStorage:
             updated_at=now,
             released_by=self.store_id if release else None,
             released_at=now if release else None,
+            extra=marked_extra(header),  # in this one copy of the header, not a second
         )
-        await self._cas_state(handle, new_header, plan.tail, plan.writes, release=release)
+        await self._cas_state(
+            handle, new_header, plan.tail, plan.writes, release=release, marked=True
+        )
         handle.indexed = None
         self._discard_later(handle.session_id, handle.scope, plan.obsolete)
         if messages is not None and not release:
