@@ -740,9 +740,17 @@ async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: s
 
 
 async def drop_and_close(pool: Any, anchor_table: str, our_schema: str) -> None:
-    """Drop a group's PostgreSQL tables (the anchor's, our schema) and close the anchor's pool."""
+    """Drop a group's PostgreSQL tables (the anchor's, with the companion tables the
+    harness makes beside it, such as ``<table>_operations``; our schema) and close the
+    anchor's pool."""
     async with pool.acquire() as conn:
-        await conn.execute(f"DROP TABLE IF EXISTS {anchor_table}")
+        names = await conn.fetch(
+            "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = current_schema() "
+            "AND (tablename = $1 OR starts_with(tablename, $1 || '_'))",
+            anchor_table,
+        )
+        for (name,) in names:
+            await conn.execute(f"DROP TABLE IF EXISTS {name} CASCADE")
         await conn.execute(f"DROP SCHEMA IF EXISTS {our_schema} CASCADE")
     await pool.close()
 
