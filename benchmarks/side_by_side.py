@@ -1427,11 +1427,17 @@ def markdown(
 
 
 async def main_async(args: argparse.Namespace) -> Results:
+    # The SQLite databases of every side live here, removed with it when the run ends.
+    with tempfile.TemporaryDirectory(prefix="agent-stores-bench-") as workdir:
+        return await run_sections(args, Path(workdir))
+
+
+async def run_sections(args: argparse.Namespace, workdir: Path) -> Results:
+    """The sections ``args`` asks for, SQLite files in ``workdir``."""
     res = Results()
     quick = args.quick
     trials = 3 if quick else 5
     sizes = [10, 100] if quick else [10, 100, 1000]
-    workdir = Path(tempfile.mkdtemp(prefix="agent-stores-bench-"))
     only = set(args.only.split(",")) if args.only else set(SECTIONS)
 
     def wanted(section: str) -> bool:
