@@ -365,23 +365,25 @@ async def floor_turns(redis_url: str, ids: list[str]) -> tuple[float, float]:
                 messages = ModelMessagesTypeAdapter.validate_json(tails[sid])
                 new = [*messages, *message_pair(100_000 + i)]
                 tail = ModelMessagesTypeAdapter.dump_json(new)
-                chunk: list[Any] = []
+                # The spilled chunk's key (a third script key) and bytes (a last argument),
+                # both empty when the tail fits.
+                chunk_key: list[str] = []
+                chunk_value: list[bytes] = []
                 if len(tail) > FLOOR_TAIL_BYTES:
                     last = ModelMessagesTypeAdapter.dump_json(new[-1:])
                     # "[a,b,c]" is "[a,b" + "," + "c]": the chunk, without encoding it again
-                    spilled = tail[: len(tail) - len(last)] + b"]"
-                    chunk_key = f"bench-floor-{run}:{{{sid}}}:h/{new_version()}"
-                    chunk = [chunk_key, spilled]
+                    chunk_value = [tail[: len(tail) - len(last)] + b"]"]
+                    chunk_key = [f"bench-floor-{run}:{{{sid}}}:h/{new_version()}"]
                     tail = last
                 tails[sid] = tail
                 state = b'{"format":"floor","fence":1}\n' + tail
                 await client.execute_command(
                     "EVALSHA",
                     save,
-                    3 if chunk else 2,
+                    2 + len(chunk_key),
                     keys[1],
                     keys[0],
-                    *chunk[:1],
+                    *chunk_key,
                     repr(now),
                     state,
                     new_version(),
@@ -389,9 +391,9 @@ async def floor_turns(redis_url: str, ids: list[str]) -> tuple[float, float]:
                     "",
                     repr(now + 3600),
                     "7200000",
-                    *chunk[1:],
+                    *chunk_value,
                 )
-                chunks.extend(chunk[:1])
+                chunks.extend(chunk_key)
 
         gc.collect()
         c0, t0 = time.process_time(), time.perf_counter()
