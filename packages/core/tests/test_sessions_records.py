@@ -264,3 +264,89 @@ def test_a_remembered_kept_part_behind_a_malformed_lease_still_fails_as_before()
         decode_state(broken)
     extra_field = value.replace(b'"released":null', b'"released":null,"fence":8', 1)
     assert decode_state(extra_field)[0].fence == 8  # read as the full decoder reads it
+
+
+_chunk_refs = st.builds(
+    ChunkRef,
+    key=st.text(min_size=1, max_size=12).map(lambda t: "h/" + t),
+    count=st.integers(1, 10**6),
+    size=st.integers(2, 10**9),
+    parts=st.integers(1, 9),
+    level=st.integers(0, 9),
+    sealed=st.booleans(),
+    expires_at=st.none() | st.floats(0, 4e9),
+    home=st.none() | st.text(max_size=12),
+)
+
+
+@given(
+    chunks=st.lists(_chunk_refs, max_size=6).map(tuple),
+    released=st.booleans(),
+    recovery=st.booleans(),
+    catalog=st.none() | st.fixed_dictionaries({"owner": st.text(max_size=8)}),
+    open_turn=st.none() | st.fixed_dictionaries({"fence": st.integers(0, 9)}),
+    extra=st.dictionaries(st.text(max_size=4), st.text(max_size=8), max_size=2),
+)
+def test_a_state_header_is_one_json_object_in_field_order(
+    chunks: tuple[ChunkRef, ...],
+    released: bool,
+    recovery: bool,
+    catalog: dict[str, object] | None,
+    open_turn: dict[str, object] | None,
+    extra: dict[str, str],
+) -> None:
+    """The header is written in pieces (its chunk list encoded once for the saves that
+    repeat it); the bytes are those of the whole object encoded at once, in field order,
+    the first time and when the chunk list comes from the cache."""
+    header = _plain_header(
+        chunks=chunks,
+        lease=None if released else Lease("o\u00e9", 3, 10.5, 9.0),
+        released_by="by" if released else None,
+        released_at=11.0 if released else None,
+        recovery=(EffectCall("pay", "c1"),) if recovery else (),
+        recovery_since=4.0 if recovery else None,
+        catalog=catalog,
+        lineage={"source": "s"} if open_turn else None,
+        open_turn=open_turn,
+        extra=extra,
+    )
+    assert encode_state(header, EMPTY_ARRAY) == _encoded_whole(header)
+    assert encode_state(header, EMPTY_ARRAY) == _encoded_whole(header)  # chunk list cached
+    # The same refs in another order are not taken for the cached list.
+    flipped = dataclasses.replace(header, chunks=chunks[::-1])
+    assert encode_state(flipped, EMPTY_ARRAY) == _encoded_whole(flipped)
+
+
+def _encoded_whole(header: StateHeader) -> bytes:
+    import json
+
+    lease, released = header.lease, header.released_by is not None
+    whole = {
+        "format": "agent-stores.session/1",
+        "fence": header.fence,
+        "lease": None
+        if lease is None
+        else {
+            "owner": lease.owner,
+            "fence": lease.fence,
+            "expires_at": lease.expires_at,
+            "acquired_at": lease.acquired_at,
+        },
+        "updated_at": header.updated_at,
+        "released": {"by": header.released_by, "at": header.released_at} if released else None,
+        "chunks": [
+            [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at]
+            + ([] if c.home is None else [c.home])
+            for c in header.chunks
+        ],
+        "tail_count": header.tail_count,
+        "recovery": {"calls": [list(c) for c in header.recovery], "since": header.recovery_since}
+        if header.recovery
+        else None,
+        "created_at": header.created_at,
+        **({} if header.catalog is None else {"catalog": header.catalog}),
+        **({} if header.lineage is None else {"lineage": header.lineage}),
+        **({} if header.open_turn is None else {"open_turn": header.open_turn}),
+        **({} if not header.extra else {"extra": header.extra}),
+    }
+    return json.dumps(whole, separators=(",", ":")).encode() + b"\n[]"

@@ -142,7 +142,7 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
     """The bytes of a ``state`` record."""
     # Field order matters: the fields an acquire rewrites come first, so a native port
     # can take a lease by rewriting the bytes before ``,"chunks":`` (see ``port.py``).
-    doc: dict[str, Any] = {
+    rewritten = {
         "format": FORMAT,
         "fence": header.fence,
         "lease": None
@@ -157,12 +157,8 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
         "released": None
         if header.released_by is None
         else {"by": header.released_by, "at": header.released_at},
-        "chunks": [
-            [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at]
-            if c.home is None
-            else [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at, c.home]
-            for c in header.chunks
-        ],
+    }
+    rest: dict[str, Any] = {
         "tail_count": header.tail_count,
         "recovery": None
         if not header.recovery
@@ -170,16 +166,66 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
         "created_at": header.created_at,
     }
     if header.catalog is not None:
-        doc["catalog"] = header.catalog
+        rest["catalog"] = header.catalog
     if header.lineage is not None:
-        doc["lineage"] = header.lineage
+        rest["lineage"] = header.lineage
     if header.open_turn is not None:
-        doc["open_turn"] = header.open_turn
+        rest["open_turn"] = header.open_turn
     if header.extra:
-        doc["extra"] = header.extra
-    head = _COMPACT.encode(doc).encode()
-    _remember_kept(head, header)
-    return head + b"\n" + tail
+        rest["extra"] = header.extra
+    # The same bytes as one object encoded whole: "{…rewritten…" + ',"chunks":[…],' +
+    # "…rest…}". The chunk list is most of a header and rarely changes between saves.
+    kept = "".join(
+        (',"chunks":', _chunk_list_json(header.chunks), ",", _COMPACT.encode(rest)[1:])
+    ).encode()
+    _remember_kept(kept, header)
+    return b"".join((_COMPACT.encode(rewritten)[:-1].encode(), kept, b"\n", tail))
+
+
+# The chunk lists encoded lately, by the identities of their refs, and each ref's own
+# encoding: a session's saves between two spills write the same refs again, and a spill
+# adds one or two to them (refs are frozen, so their encoding cannot change). Entries hold
+# the refs, so no live ref can share an identity with a cached one: an equal key is the
+# same refs. Insertion-ordered, the oldest goes first past the bound.
+_chunk_lists: dict[tuple[int, ...], tuple[tuple[ChunkRef, ...], str]] = {}
+_chunk_refs: dict[int, tuple[ChunkRef, str]] = {}
+_CHUNK_LISTS_ENTRIES = 4096
+_CHUNK_REFS_ENTRIES = 16384
+
+
+def _chunk_list_json(chunks: tuple[ChunkRef, ...]) -> str:
+    if not chunks:
+        return "[]"
+    identities = tuple(map(id, chunks))
+    cached = _chunk_lists.get(identities)
+    if cached is not None:
+        return cached[1]
+    text = "[" + ",".join(map(_chunk_ref_json, chunks)) + "]"
+    _bounded_put(_chunk_lists, _CHUNK_LISTS_ENTRIES, identities, (tuple(chunks), text))
+    return text
+
+
+def _chunk_ref_json(c: ChunkRef) -> str:
+    cached = _chunk_refs.get(id(c))
+    if cached is not None:
+        return cached[1]
+    text = _COMPACT.encode(
+        [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at]
+        if c.home is None
+        else [c.key, c.count, c.size, c.parts, c.level, c.sealed, c.expires_at, c.home]
+    )
+    _bounded_put(_chunk_refs, _CHUNK_REFS_ENTRIES, id(c), (c, text))
+    return text
+
+
+def _bounded_put(cache: dict[Any, Any], entries: int, key: Any, value: Any) -> None:
+    """``cache[key] = value``, the oldest entry evicted first past ``entries``."""
+    if len(cache) >= entries:
+        try:
+            del cache[next(iter(cache))]
+        except (RuntimeError, StopIteration, KeyError):  # another thread evicted meanwhile
+            pass
+    cache[key] = value
 
 
 #: The first field of the part of a header an acquire copies byte for byte (``port.py``):
@@ -209,20 +255,13 @@ _kept_decoded: dict[bytes, _KeptFields] = {}
 _KEPT_DECODED_ENTRIES = 4096
 
 
-def _remember_kept(head: bytes, header: StateHeader) -> None:
+def _remember_kept(kept: bytes, header: StateHeader) -> None:
+    """Note ``kept`` (a header's bytes from ``,"chunks":`` on) as the encoding of ``header``'s kept fields."""
     # Only what decodes back to equal values (other extras could change type in JSON;
     # a recovery time without calls is not stored, hence read as None, below).
     if any(type(v) is not str for v in header.extra.values()):
         return
-    at = head.find(KEPT_FIELDS)
-    if at < 0:  # pragma: no cover - encode_state always writes the chunks field
-        return
-    if len(_kept_decoded) >= _KEPT_DECODED_ENTRIES:
-        try:
-            del _kept_decoded[next(iter(_kept_decoded))]
-        except (RuntimeError, StopIteration, KeyError):  # another thread evicted meanwhile
-            pass
-    _kept_decoded[head[at:]] = _KeptFields(
+    fields = _KeptFields(
         header.chunks,
         header.tail_count,
         header.recovery,
@@ -235,6 +274,7 @@ def _remember_kept(head: bytes, header: StateHeader) -> None:
         header.lineage,
         header.open_turn,
     )
+    _bounded_put(_kept_decoded, _KEPT_DECODED_ENTRIES, kept, fields)
 
 
 def _decode_known_header(head: bytes) -> StateHeader | None:
