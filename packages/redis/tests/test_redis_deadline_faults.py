@@ -184,7 +184,17 @@ async def test_lost_reply_on_a_write_is_recognised_not_repeated(standalone_url: 
         await kv.aclose()
 
 
-async def test_lost_reply_on_a_session_save_keeps_the_turn(standalone_url: str) -> None:
+@pytest.mark.parametrize(
+    ("text", "script"),
+    [
+        ("lost", "replace"),  # the state alone: the replace script
+        ("lost" + "." * 5000, "commit"),  # past the tail bound, a chunk too: the commit script
+    ],
+    ids=["state", "state-and-chunk"],
+)
+async def test_lost_reply_on_a_session_save_keeps_the_turn(
+    standalone_url: str, text: str, script: str
+) -> None:
     """A save whose reply was lost (one client): the turn is reported saved and is in the
     history once; the session stays readable."""
     injector = RedisFaultInjector(standalone_url)
@@ -193,12 +203,12 @@ async def test_lost_reply_on_a_session_save_keeps_the_turn(standalone_url: str) 
     try:
         async with store.turn("s") as session:
             session.replace(pair("before"))
-        injector.arm("lost_reply", operation="commit")
+        injector.arm("lost_reply", operation=script)
         async with store.turn("s") as session:
-            session.replace([*session.messages, *pair("lost")])
+            session.replace([*session.messages, *pair(text)])
         assert injector.injected() == {"lost_reply": 1}
         async with store.turn("s") as session:
-            assert texts(session.messages) == ["q:before", "a:before", "q:lost", "a:lost"]
+            assert texts(session.messages) == ["q:before", "a:before", f"q:{text}", f"a:{text}"]
     finally:
         await store.aclose()
         await kv.aclose()

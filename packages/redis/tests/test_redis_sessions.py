@@ -144,7 +144,7 @@ async def test_warm_turn_is_two_commands(private_server: PrivateServer) -> None:
             assert len(calls) == expected, (store, calls)
             assert all(c.startswith("EVALSHA") for c in calls), calls
             if store is native:
-                assert calls == ["EVALSHA:session_acquire", "EVALSHA:commit"]
+                assert calls == ["EVALSHA:session_acquire", "EVALSHA:replace"]
     finally:
         await native.aclose()
         await counter.aclose()

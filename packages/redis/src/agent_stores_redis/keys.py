@@ -21,6 +21,8 @@ import binascii
 from .config import check_prefix
 
 _GLOB_SPECIAL = frozenset(b"*?[]\\")
+#: How many scopes' key bases a layout keeps (see ``KeyLayout.base``).
+_BASES_KEPT = 4096
 
 
 def _b64(data: bytes) -> bytes:
@@ -37,6 +39,9 @@ class KeyLayout:
     def __init__(self, prefix: str) -> None:
         self.prefix = check_prefix(prefix)
         self._prefix = prefix.encode("utf-8")
+        # The bases of the scopes used lately: a turn names its session's scope in
+        # every key of both its scripts, and each base costs a base64 encoding.
+        self._bases: dict[str, bytes] = {}
 
     def tag(self, scope: str) -> bytes:
         """The hash-tag content of ``scope``."""
@@ -44,7 +49,12 @@ class KeyLayout:
 
     def base(self, scope: str) -> bytes:
         """``P:{B}:``, the start of every key of ``scope``."""
-        return self._prefix + b":{" + self.tag(scope) + b"}:"
+        base = self._bases.get(scope)
+        if base is None:
+            if len(self._bases) >= _BASES_KEPT:
+                self._bases.clear()  # a bound, not an LRU: refilled by the scopes in use
+            base = self._bases[scope] = self._prefix + b":{" + self.tag(scope) + b"}:"
+        return base
 
     def entry_prefix(self, scope: str) -> bytes:
         """``P:{B}:e:``; an entry's key name is this plus the key's UTF-8 bytes."""

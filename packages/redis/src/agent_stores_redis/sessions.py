@@ -18,7 +18,8 @@ stored layout, fencing and guarantees, the contract unchanged):
   chunks due for re-copy, an unreadable header) are left to the generic code.
 * **save + release: one script**: the new chunk parts are created by the same atomic
   ``commit`` as the fenced state replace, so chunks never exist referenced-but-unwritten
-  and a fenced-out save writes nothing.
+  and a fenced-out save writes nothing. A save with no new chunk (most turns) is the
+  fenced ``replace`` script alone.
 """
 
 from __future__ import annotations
@@ -113,7 +114,17 @@ class RedisSessionPort:
         return GENERIC
 
     async def save(self, request: SaveRequest) -> str:
-        """Chunk parts and the fenced state in one atomic ``commit`` script."""
+        """Chunk parts and the fenced state in one atomic ``commit`` script; the state
+        alone (most saves: nothing spilled) in the ``replace`` script, which is the same
+        write with less to pack, send and run."""
+        if not request.chunks:
+            return await self.kv.replace(
+                request.scope,
+                STATE_KEY,
+                request.state,
+                expected_version=request.expected_version,
+                ttl=request.ttl_seconds,
+            )
         ops: list[Operation] = [
             Create(f"{chunk.key}/{i}", part, request.chunk_ttl_seconds)
             for chunk in request.chunks
