@@ -34,6 +34,7 @@ the stored bytes for a save).
 
 from __future__ import annotations
 
+import json
 from typing import Any, LiteralString
 
 import psycopg
@@ -218,7 +219,7 @@ WHERE %(load)s AND k.scope = %(scope)s
       FROM dec,
            jsonb_array_elements(dec.h->'chunks') AS c(ref),
            generate_series(0, (ref->>3)::int - 1) AS part
-      WHERE dec.decision = 'acquire' AND NOT ((ref->>0) = ANY (%(cached)s::text[]))))
+      WHERE dec.decision = 'acquire' AND NOT (%(cached)s::jsonb ? (ref->>0))))
 """
 
 _SAVE: LiteralString = """
@@ -234,6 +235,26 @@ ch AS (
     SELECT %(scope)s::text, u.k, u.v, u.ver, u.e
     FROM unnest(%(keys)s::text[], %(values)b::bytea[], %(versions)s::text[],
                 %(expiries)s::float8[]) AS u(k, v, ver, e)
+    WHERE EXISTS (SELECT 1 FROM st)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM st), (SELECT count(*) FROM ch)
+"""
+
+#: The save of a turn that spilled one chunk of one part (most spills): as ``_SAVE``, with
+#: the part's fields as plain parameters (psycopg dumps arrays in Python, item by item).
+_SAVE_ONE_PART: LiteralString = """
+WITH st AS (
+    UPDATE {kv}
+    SET value = %(value)s, version = %(version)s, expires_at = %(expires_at)s::float8
+    WHERE scope = %(scope)s AND key = %(state)s AND version = %(expected)s
+      AND (expires_at IS NULL OR expires_at > %(now)s)
+    RETURNING 1
+),
+ch AS (
+    INSERT INTO {kv} (scope, key, value, version, expires_at)
+    SELECT %(scope)s::text, %(part_key)s::text, %(part)s::bytea, %(part_version)s::text,
+           %(part_expires_at)s::float8
     WHERE EXISTS (SELECT 1 FROM st)
     RETURNING 1
 )
@@ -262,6 +283,7 @@ class PostgresSessionPort:
         self._acquire = NumberedStatement(sql.SQL(_ACQUIRE).format(kv=kv.names.kv).as_bytes(None))
         self._save_sql = sql.SQL(_SAVE).format(kv=kv.names.kv).as_bytes(None)
         self._save_state_sql = sql.SQL(_SAVE_STATE).format(kv=kv.names.kv).as_bytes(None)
+        self._save_one_part_sql = sql.SQL(_SAVE_ONE_PART).format(kv=kv.names.kv).as_bytes(None)
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
         """One statement: decide, take the lease (or create the session), return the
@@ -295,7 +317,8 @@ class PostgresSessionPort:
             "expires_at": expires_at,
             "fresh": fresh,
             "load": request.load_history,
-            "cached": sorted(request.held_chunks),
+            # A JSON array, not a text[]: psycopg dumps a list item by item in Python.
+            "cached": json.dumps(sorted(request.held_chunks)),
             "start": HEADER_START,
             "start_len": len(HEADER_START),
             "kept": KEPT_FIELDS,
@@ -361,7 +384,17 @@ class PostgresSessionPort:
             "expires_at": kv.expires_at(request.ttl_seconds, now),
             "now": now,
         }
-        if keys:
+        statement = self._save_state_sql
+        if len(keys) == 1:
+            statement = self._save_one_part_sql
+            params.update(
+                part_key=keys[0],
+                part=values[0],
+                part_version=new_version(),
+                part_expires_at=expiries[0],
+            )
+        elif keys:
+            statement = self._save_sql
             params.update(
                 keys=keys,
                 values=values,
@@ -372,9 +405,9 @@ class PostgresSessionPort:
         async def run(conn: AsyncConnection[Any]) -> tuple[int, int]:
             cursor = write_cursor(conn)
             if not keys:
-                await cursor.execute(self._save_state_sql, params)
+                await cursor.execute(statement, params)
                 return cursor.rowcount, 0
-            cur = await cursor.execute(self._save_sql, params)
+            cur = await cursor.execute(statement, params)
             row = await cur.fetchone()
             assert row is not None
             return int(row[0]), int(row[1])
