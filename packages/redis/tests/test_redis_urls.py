@@ -188,6 +188,20 @@ def test_layout_injective_and_one_slot_per_scope() -> None:
     assert len({layout.tag(s) for s in AWKWARD}) == len(AWKWARD)
 
 
+def test_layout_bases_past_its_bound_are_made_again_the_same() -> None:
+    """The layout keeps the key bases of the scopes used lately; past its bound it drops
+    them and makes them again, byte-equal to a fresh layout's."""
+    from agent_stores_redis import keys
+
+    layout, fresh = KeyLayout("app"), KeyLayout("app")
+    scopes = [f"session:{i}" for i in range(keys._BASES_KEPT + 10)]
+    first = [layout.entry(s, "state") for s in scopes]
+    assert len(layout._bases) <= keys._BASES_KEPT
+    again = [layout.entry(s, "state") for s in reversed(scopes)][::-1]
+    assert first == again == [fresh.entry(s, "state") for s in scopes]
+    assert len(set(first)) == len(scopes)
+
+
 def test_scope_of_index_rejects_lookalikes() -> None:
     """Only exact index names of this prefix parse back to a scope (SCAN may return lookalikes)."""
     layout = KeyLayout("app")
