@@ -222,15 +222,21 @@ WHERE %(load)s AND k.scope = %(scope)s
       WHERE dec.decision = 'acquire' AND NOT (%(cached)s::jsonb ? (ref->>0))))
 """
 
-_SAVE: LiteralString = """
-WITH st AS (
-    UPDATE {kv}
-    SET value = %(value)s, version = %(version)s, expires_at = %(expires_at)s::float8
-    WHERE scope = %(scope)s AND key = %(state)s AND version = %(expected)s
-      AND (expires_at IS NULL OR expires_at > %(now)s)
-    RETURNING 1
-),
-ch AS (
+#: The fenced swap of the state: every save's, alone when it spilled no chunk.
+_SAVE_STATE: LiteralString = """
+UPDATE {kv}
+SET value = %(value)s, version = %(version)s, expires_at = %(expires_at)s::float8
+WHERE scope = %(scope)s AND key = %(state)s AND version = %(expected)s
+  AND (expires_at IS NULL OR expires_at > %(now)s)
+"""
+
+#: The swap as a CTE (``st``) that a save's chunk insert (``ch``) follows.
+_SAVE_STATE_FIRST: LiteralString = "WITH st AS (" + _SAVE_STATE + "    RETURNING 1\n),\n"
+
+#: A save with new chunk parts: inserted only if the fenced swap matched.
+_SAVE: LiteralString = (
+    _SAVE_STATE_FIRST
+    + """ch AS (
     INSERT INTO {kv} (scope, key, value, version, expires_at)
     SELECT %(scope)s::text, u.k, u.v, u.ver, u.e
     FROM unnest(%(keys)s::text[], %(values)b::bytea[], %(versions)s::text[],
@@ -240,18 +246,13 @@ ch AS (
 )
 SELECT (SELECT count(*) FROM st), (SELECT count(*) FROM ch)
 """
+)
 
-#: The save of a turn that spilled one chunk of one part (most spills): as ``_SAVE``, with
-#: the part's fields as plain parameters (psycopg dumps arrays in Python, item by item).
-_SAVE_ONE_PART: LiteralString = """
-WITH st AS (
-    UPDATE {kv}
-    SET value = %(value)s, version = %(version)s, expires_at = %(expires_at)s::float8
-    WHERE scope = %(scope)s AND key = %(state)s AND version = %(expected)s
-      AND (expires_at IS NULL OR expires_at > %(now)s)
-    RETURNING 1
-),
-ch AS (
+#: A save that spilled one chunk of one part (most spills): as ``_SAVE``, with the part's
+#: fields as plain parameters (psycopg dumps arrays in Python, item by item).
+_SAVE_ONE_PART: LiteralString = (
+    _SAVE_STATE_FIRST
+    + """ch AS (
     INSERT INTO {kv} (scope, key, value, version, expires_at)
     SELECT %(scope)s::text, %(part_key)s::text, %(part)s::bytea, %(part_version)s::text,
            %(part_expires_at)s::float8
@@ -260,14 +261,7 @@ ch AS (
 )
 SELECT (SELECT count(*) FROM st), (SELECT count(*) FROM ch)
 """
-
-#: The save of a turn that spilled no chunk: the fenced swap alone (no arrays to send).
-_SAVE_STATE: LiteralString = """
-UPDATE {kv}
-SET value = %(value)s, version = %(version)s, expires_at = %(expires_at)s::float8
-WHERE scope = %(scope)s AND key = %(state)s AND version = %(expected)s
-  AND (expires_at IS NULL OR expires_at > %(now)s)
-"""
+)
 
 
 class PostgresSessionPort:

@@ -34,6 +34,7 @@ from agent_stores.backend import (
     AcquireReply,
     AcquireRequest,
     Create,
+    KVSessionPort,
     Operation,
     Replace,
     SaveRequest,
@@ -52,6 +53,8 @@ class RedisSessionPort:
         if not isinstance(kv, RedisKV):
             raise TypeError(f"RedisSessionPort needs a RedisKV, got {type(kv).__name__}")
         self.kv = kv
+        # A save without chunks is the generic port's: the KV's fenced replace alone.
+        self._state_alone = KVSessionPort(kv)
 
     async def acquire(self, request: AcquireRequest) -> AcquireReply:
         """One script: decide, take the lease, return the state (unless known) and missing chunks."""
@@ -118,13 +121,7 @@ class RedisSessionPort:
         alone (most saves: nothing spilled) in the ``replace`` script, which is the same
         write with less to pack, send and run."""
         if not request.chunks:
-            return await self.kv.replace(
-                request.scope,
-                STATE_KEY,
-                request.state,
-                expected_version=request.expected_version,
-                ttl=request.ttl_seconds,
-            )
+            return await self._state_alone.save(request)
         ops: list[Operation] = [
             Create(f"{chunk.key}/{i}", part, request.chunk_ttl_seconds)
             for chunk in request.chunks
