@@ -397,11 +397,9 @@ class PostgresSessionPort:
             )
 
         async def run(conn: AsyncConnection[Any]) -> tuple[int, int]:
-            cursor = write_cursor(conn)
+            cur = await write_cursor(conn).execute(statement, params)
             if not keys:
-                await cursor.execute(statement, params)
-                return cursor.rowcount, 0
-            cur = await cursor.execute(statement, params)
+                return cur.rowcount, 0
             row = await cur.fetchone()
             assert row is not None
             return int(row[0]), int(row[1])

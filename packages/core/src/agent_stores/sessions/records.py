@@ -175,9 +175,14 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
         rest["extra"] = header.extra
     # The same bytes as one object encoded whole: "{…rewritten…" + ',"chunks":[…],' +
     # "…rest…}". The chunk list is most of a header and rarely changes between saves.
-    kept = "".join(
-        (',"chunks":', _chunk_list_json(header.chunks), ",", _COMPACT.encode(rest)[1:])
-    ).encode()
+    kept = b"".join(
+        (
+            KEPT_FIELDS,
+            _chunk_list_json(header.chunks),
+            b",",
+            _COMPACT.encode(rest)[1:].encode(),
+        )
+    )
     _remember_kept(kept, header)
     return b"".join((_COMPACT.encode(rewritten)[:-1].encode(), kept, b"\n", tail))
 
@@ -187,20 +192,20 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
 # adds one or two to them (refs are frozen, so their encoding cannot change). Entries hold
 # the refs, so no live ref can share an identity with a cached one: an equal key is the
 # same refs. Insertion-ordered, the oldest goes first past the bound.
-_chunk_lists: dict[tuple[int, ...], tuple[tuple[ChunkRef, ...], str]] = {}
+_chunk_lists: dict[tuple[int, ...], tuple[tuple[ChunkRef, ...], bytes]] = {}
 _chunk_refs: dict[int, tuple[ChunkRef, str]] = {}
 _CHUNK_LISTS_ENTRIES = 4096
 _CHUNK_REFS_ENTRIES = 16384
 
 
-def _chunk_list_json(chunks: tuple[ChunkRef, ...]) -> str:
+def _chunk_list_json(chunks: tuple[ChunkRef, ...]) -> bytes:
     if not chunks:
-        return "[]"
+        return EMPTY_ARRAY
     identities = tuple(map(id, chunks))
     cached = _chunk_lists.get(identities)
     if cached is not None:
         return cached[1]
-    text = "[" + ",".join(map(_chunk_ref_json, chunks)) + "]"
+    text = ("[" + ",".join(map(_chunk_ref_json, chunks)) + "]").encode()
     _bounded_put(_chunk_lists, _CHUNK_LISTS_ENTRIES, identities, (tuple(chunks), text))
     return text
 
