@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agent_stores import open_sessions
@@ -167,5 +168,52 @@ async def test_a_late_cleanup_keeps_chunks_a_restore_brought_back(url: str, tmp_
         assert info is not None and info.problem is None
         got = await store.read_messages(sid)
         assert got is not None and len(got) == 4 * 2 + 4
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/late-pin.db"])
+async def test_a_late_pin_cleanup_never_brings_back_a_pin_its_session_dropped(
+    url: str, tmp_path: Path
+) -> None:
+    """A turn of a fork lets go of the shared chunks it merged away in the background: it
+    reads the fork's state, then shrinks the fork's pin in the chunks' home. When the fork
+    is reset between the two (another client, a slow process), the reset deletes the pin;
+    the late cleanup must not write it again from what it read before (a pin that outlives
+    its session keeps the home's chunks for ever)."""
+    store = open_sessions(url.format(tmp=tmp_path), tail_bytes=300, fanout=2)
+    try:
+        for i in range(5):
+            async with store.turn("root") as s:
+                s.replace([*s.messages, *exchange(f"t{i}")])
+        await store.fork("root", "fork")
+        root, fork = store.storage.scope_for("root"), store.storage.scope_for("fork")
+        entry = await store.kv.get(fork, "state")
+        assert entry is not None
+        shared = [r for r in decode_state(entry.value)[0].chunks if r.home == root]
+        assert shared, "the fork shares the root's chunks"
+        assert await store.kv.get(root, pin_key(fork)) is not None
+
+        reached, go_on = asyncio.Event(), asyncio.Event()
+        kv_get = store.kv.get
+
+        async def get_pausing_once(scope: str, key: str) -> Any:
+            if (scope, key) == (root, pin_key(fork)) and not reached.is_set():
+                reached.set()  # the cleanup has read the fork's state: pause it here
+                await go_on.wait()
+            return await kv_get(scope, key)
+
+        store.kv.get = get_pausing_once  # type: ignore[method-assign]
+        late = asyncio.create_task(store.storage.let_go("fork", fork, shared[:1]))
+        await reached.wait()
+        assert await store.reset("fork")
+        await store.storage.drain()
+        assert await kv_get(root, pin_key(fork)) is None, "the reset dropped the pin"
+        go_on.set()
+        await late
+        await store.storage.drain()
+        assert await kv_get(root, pin_key(fork)) is None, "the late cleanup wrote it again"
+        got = await store.read_messages("root")
+        assert got is not None and len(got) == 5 * 4
     finally:
         await store.aclose()

@@ -922,17 +922,26 @@ class KVSessionStorage:
         expires_at: float | None = None,
     ) -> set[str]:
         """Make the pin of ``pinner`` in ``home`` name ``keys`` (``grow``: its keys and
-        ``keys``); returns the keys it named before and no longer does."""
+        ``keys``); returns the keys it named before and no longer does.
+
+        Only a fork grows a pin. Otherwise what it names only shrinks (to the keys it
+        names and ``keys``; a damaged pin is written again from ``keys``): ``keys`` may
+        have been read before the pinner changed, and a cleanup that read the state just
+        before the session was reset must not write back the pin the reset dropped.
+        """
         key = pin_key(pinner)
         for _ in range(8):
             entry = await self._call(session_id, self.kv.get(home, key))
+            if entry is None and not grow:
+                return set()
             old: frozenset[str] = frozenset()
+            damaged = False
             if entry is not None:
                 try:
                     old = decode_pin(entry.value)[1]
                 except RecordError:
-                    old = frozenset()
-            want = set(keys) | (set(old) if grow else set())
+                    damaged = True  # written again whole from ``keys``
+            want = set(keys) | old if grow or damaged else set(keys) & old
             if entry is not None and want == old:
                 return set()
             now = self.clock()
