@@ -10,6 +10,7 @@ import os
 import random
 import secrets
 import socket
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -79,12 +80,22 @@ class Session:
     """
 
     def __init__(self, turn: Turn, handle: LeaseHandle) -> None:
-        self._turn = turn
+        # Weak: the turn holds its session, and a cycle between them would keep a turn's
+        # history, header and handle alive until the interpreter's cyclic garbage
+        # collector finds them (a collection walks everything young, every few turns).
+        self._turn_ref = weakref.ref(turn)
         self._handle = handle
         self.session_id: str = handle.session_id
         #: The history loaded when the turn started (your own list: mutating it saves nothing).
         self.messages: list[ModelMessage] = as_list(handle.messages)
         self._replacement: Sequence[ModelMessage] | None = None
+
+    @property
+    def _turn(self) -> Turn:
+        turn = self._turn_ref()
+        if turn is None:  # the turn ended and nothing holds it any more
+            raise ResourceClosedError(detail=f"the turn on session {self.session_id!r} is over")
+        return turn
 
     def __repr__(self) -> str:
         return (
