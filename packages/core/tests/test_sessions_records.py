@@ -248,6 +248,7 @@ def test_a_state_this_process_encoded_decodes_as_the_full_decoder_reads_it(
         assert (kept in records._kept_decoded) is remembered_here
         remembered, _ = decode_state(stored)
         records._kept_decoded.clear()
+        records._acquired_states.clear()
         decoded, _ = decode_state(stored)
         assert remembered == decoded  # the full decode agrees, field by field, and in type
         assert [type(v) for v in _fields(remembered)] == [type(v) for v in _fields(decoded)]
@@ -350,3 +351,79 @@ def _encoded_whole(header: StateHeader) -> bytes:
         **({} if not header.extra else {"extra": header.extra}),
     }
     return json.dumps(whole, separators=(",", ":")).encode() + b"\n[]"
+
+
+@given(
+    chunks=st.lists(_chunk_refs, max_size=4).map(tuple),
+    released=st.booleans(),
+    recovery=st.booleans(),
+    whole_times=st.booleans(),
+    catalog=st.none() | st.fixed_dictionaries({"owner": st.text(max_size=8)}),
+    extra=st.dictionaries(st.text(max_size=4), st.text(max_size=8) | st.integers(), max_size=2),
+    owner=st.text(max_size=10),
+    lease_end=st.floats(0, 4e9) | st.integers(0, 4 * 10**9),
+)
+def test_a_state_encoded_or_acquired_here_decodes_as_the_full_decoder_reads_it(
+    chunks: tuple[ChunkRef, ...],
+    released: bool,
+    recovery: bool,
+    whole_times: bool,
+    catalog: dict[str, object] | None,
+    extra: dict[str, object],
+    owner: str,
+    lease_end: float,
+) -> None:
+    """A state this process encoded, and an acquire's rewrite of it, are decoded from the
+    fields noted when they were made: the same header, field by field and in type, as the
+    full decoder reads from the bytes (or the same error)."""
+    from agent_stores.sessions import records
+    from agent_stores.sessions.port import acquired_state
+
+    header = _plain_header(
+        chunks=chunks,
+        lease=None if released else Lease("o\u00e9", 3, 10 if whole_times else 10.5, 9.0),
+        released_by="by" if released else None,
+        released_at=(11 if whole_times else 11.5) if released else None,
+        recovery=(EffectCall("pay", "c1"),) if recovery else (),
+        recovery_since=4.0 if recovery else None,
+        created_at=1 if whole_times else 1.5,
+        updated_at=2 if whole_times else 2.5,
+        catalog=catalog,
+        extra=extra,
+    )
+    tail = b'[{"a":1},{"b":2}]'
+    value = encode_state(header, tail)
+    acquired = acquired_state(value, owner=owner, lease_end=lease_end, now=1990)
+    assert acquired is not None
+    states = [value, acquired]
+    noted = [decode_state(s) for s in states]
+    records._kept_decoded.clear()
+    records._acquired_states.clear()
+    for state, (header_noted, tail_noted) in zip(states, noted, strict=True):
+        header_read, tail_read = decode_state(state)
+        assert (header_noted, tail_noted) == (header_read, tail_read)
+        assert [type(v) for v in _fields(header_noted)] == [type(v) for v in _fields(header_read)]
+        if header_read.lease is not None:
+            assert [type(v) for v in dataclasses.astuple(header_noted.lease)] == [
+                type(v) for v in dataclasses.astuple(header_read.lease)
+            ]
+
+
+def test_an_acquired_state_noted_here_is_not_taken_for_other_bytes() -> None:
+    """Bytes that differ from a noted acquired state in any way (a byte of the tail, of a
+    kept field) go through the full decoder and its errors; the noted one is taken once."""
+    from agent_stores.sessions import records
+    from agent_stores.sessions.port import acquired_state
+
+    tail = b'[{"a":1},{"b":2}]'
+    stored = encode_state(_plain_header(lease=None, released_by="s", released_at=3.0), tail)
+    acquired = acquired_state(stored, owner="me", lease_end=50.0, now=20.0)
+    assert acquired is not None and acquired in records._acquired_states
+    other_tail = acquired.replace(b'{"b":2}', b'{"b":3}')
+    assert decode_state(other_tail)[1] == b'[{"a":1},{"b":3}]'
+    with pytest.raises(RecordError):
+        decode_state(acquired.replace(b'"tail_count":2', b'"tail_count":0'))
+    header, got = decode_state(acquired)
+    assert got == tail and header.lease == Lease("me", 8, 50.0, 20.0) and header.fence == 8
+    assert acquired not in records._acquired_states  # taken once
+    assert decode_state(acquired) == (header, tail)  # then read in full, the same

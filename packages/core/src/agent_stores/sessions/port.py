@@ -45,7 +45,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from ..errors import ConflictError
 from ..kv.base import Entry, KVStore
-from .records import FORMAT, STATE_KEY, RecordError, StateHeader, decode_state
+from .records import FORMAT, STATE_KEY, RecordError, StateHeader, decode_state, remember_acquired
 from .records import KEPT_FIELDS as KEPT_FIELDS  # part of the port's layout (public)
 
 #: Prefix every state header written by :func:`encode_state` and :func:`acquired_state`
@@ -81,6 +81,10 @@ class AcquireRequest:
     #: every chunk it names: a port may swap that version for :func:`known_acquired_state`
     #: without reading the state (see the module doc); None: nothing known
     known: Entry | None = None
+    #: the header of ``known`` as this store encoded it, so a port deciding in Python on
+    #: the known state (:func:`known_acquired_state`) need not decode it again; None:
+    #: decode ``known.value``
+    known_header: StateHeader | None = None
 
     def fresh_state(self) -> bytes:
         """The state to create when the session is absent (a port may answer GENERIC instead)."""
@@ -228,11 +232,26 @@ def acquired_state(stored: bytes, *, owner: str, lease_end: float, now: float) -
         fence = int(stored[len(HEADER_START) : fence_end])
     except ValueError:
         return None
-    return acquired_header(fence + 1, owner, lease_end, now) + stored[kept:]
+    state = acquired_header(fence + 1, owner, lease_end, now) + stored[kept:]
+    # The core decodes it next, from the acquire's reply: from the kept fields it noted.
+    remember_acquired(
+        state,
+        stored[kept:newline],
+        stored[newline + 1 :],
+        fence=fence + 1,
+        owner=owner,
+        lease_end=lease_end,
+        now=now,
+    )
+    return state
 
 
 def decide_acquire(
-    stored: bytes, hint: Entry | None, request: AcquireRequest
+    stored: bytes,
+    hint: Entry | None,
+    request: AcquireRequest,
+    *,
+    header: StateHeader | None = None,
 ) -> StateHeader | AcquireReply:
     """What an acquire of a live stored state decides, as the generic code does: the
     stored header when the lease may be taken (then write :func:`acquired_state`), else
@@ -242,12 +261,14 @@ def decide_acquire(
     ``request.refresh_horizon``: the core handles those).
 
     For ports that decide in Python, inside their database's transaction; ``hint`` is the
-    live waiting hint (``WAITER_KEY``) read in the same transaction, or None.
+    live waiting hint (``WAITER_KEY``) read in the same transaction, or None. ``header``:
+    ``stored`` decoded already (it is not decoded again).
     """
-    try:
-        header, _ = decode_state(stored)
-    except RecordError:
-        return GENERIC  # damaged: the core reports it and overwrites nothing
+    if header is None:
+        try:
+            header, _ = decode_state(stored)
+        except RecordError:
+            return GENERIC  # damaged: the core reports it and overwrites nothing
     lease = header.lease
     if lease is not None and lease.expires_at > request.now and lease.owner != request.owner:
         return AcquireReply(
@@ -284,7 +305,8 @@ def known_acquired_state(request: AcquireRequest, max_bytes: int) -> bytes | Non
     if known is None:
         return None
     # No hint is read: the port's write requires that none is live.
-    if not isinstance(decide_acquire(known.value, None, request), StateHeader):
+    decided = decide_acquire(known.value, None, request, header=request.known_header)
+    if not isinstance(decided, StateHeader):
         return None
     state = acquired_state(
         known.value, owner=request.owner, lease_end=request.lease_end, now=request.now

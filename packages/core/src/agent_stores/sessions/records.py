@@ -282,6 +282,64 @@ def _remember_kept(kept: bytes, header: StateHeader) -> None:
     _bounded_put(_kept_decoded, _KEPT_DECODED_ENTRIES, kept, fields)
 
 
+def _with_kept(
+    kept: _KeptFields,
+    lease: Lease | None,
+    fence: int,
+    updated_at: float,
+    released_by: str | None,
+    released_at: float | None,
+) -> StateHeader:
+    """A header of ``kept`` fields (as decoded) and the rewritten ones."""
+    return StateHeader(
+        lease=lease,
+        fence=fence,
+        chunks=kept.chunks,
+        tail_count=kept.tail_count,
+        recovery=kept.recovery,
+        recovery_since=kept.recovery_since,
+        created_at=kept.created_at,
+        updated_at=updated_at,
+        released_by=released_by,
+        released_at=released_at,
+        extra=dict(kept.extra),
+        catalog=kept.catalog,
+        lineage=kept.lineage,
+        open_turn=kept.open_turn,
+    )
+
+
+# States an acquire just made of a state this process encoded (``port.acquired_state``),
+# decoded from the fields noted then; the core decodes each once, from the acquire's
+# reply, and the entry goes with it. The reply holds the very bytes object made here, so
+# the lookup hashes nothing again (a bytes object keeps its hash). Bounded: a reply that
+# never comes back to be decoded (an error between) leaves its entry until evicted.
+_acquired_states: dict[bytes, tuple[StateHeader, bytes]] = {}
+_ACQUIRED_STATES_ENTRIES = 256
+
+
+def remember_acquired(
+    value: bytes, kept: bytes, tail: bytes, *, fence: int, owner: str, lease_end: float, now: float
+) -> None:
+    """Note ``value``, an acquire's rewrite of a stored state (``port.acquired_state``:
+    its kept header bytes ``kept``, from ``,"chunks":`` to the newline, and its ``tail``),
+    as :func:`decode_state` would read it, when this process encoded those kept fields."""
+    fields = _kept_decoded.get(kept)
+    if fields is None or type(owner) is not str or type(fence) is not int:
+        return
+    try:
+        at = _num(float(now))
+        lease = Lease(owner, fence, _num(float(lease_end)), at)
+    except (TypeError, ValueError, OverflowError):
+        return
+    header = _with_kept(fields, lease, fence, at, None, None)
+    try:
+        _check_tail(header, tail)
+    except RecordError:
+        return  # the decoder reports it
+    _bounded_put(_acquired_states, _ACQUIRED_STATES_ENTRIES, value, (header, tail))
+
+
 def _decode_known_header(head: bytes) -> StateHeader | None:
     """``head`` decoded when its kept part is one this process encoded, else None.
 
@@ -299,21 +357,13 @@ def _decode_known_header(head: bytes) -> StateHeader | None:
         if type(doc) is not dict or doc.keys() != _REWRITTEN_FIELDS or doc["format"] != FORMAT:
             return None
         released = doc["released"]
-        return StateHeader(
-            lease=_lease(doc["lease"]),
-            fence=_int(doc["fence"]),
-            chunks=kept.chunks,
-            tail_count=kept.tail_count,
-            recovery=kept.recovery,
-            recovery_since=kept.recovery_since,
-            created_at=kept.created_at,
-            updated_at=_num(doc["updated_at"]),
-            released_by=None if released is None else _str(released["by"]),
-            released_at=None if released is None else _num(released["at"]),
-            extra=dict(kept.extra),
-            catalog=kept.catalog,
-            lineage=kept.lineage,
-            open_turn=kept.open_turn,
+        return _with_kept(
+            kept,
+            _lease(doc["lease"]),
+            _int(doc["fence"]),
+            _num(doc["updated_at"]),
+            None if released is None else _str(released["by"]),
+            None if released is None else _num(released["at"]),
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -321,6 +371,10 @@ def _decode_known_header(head: bytes) -> StateHeader | None:
 
 def decode_state(value: bytes) -> tuple[StateHeader, bytes]:
     """Split and validate a ``state`` record; raises :class:`RecordError` on anything unexpected."""
+    if _acquired_states and type(value) is bytes:
+        noted = _acquired_states.pop(value, None)
+        if noted is not None:
+            return noted
     head, sep, tail = bytes(value).partition(b"\n")
     if not sep:
         raise RecordError("the state record has no header line")

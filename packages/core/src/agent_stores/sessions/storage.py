@@ -317,7 +317,7 @@ class KVSessionStorage:
         self._cleanup_tasks: set[asyncio.Task[None]] = set()
         # The state this store wrote last per session, and the keys of its chunks: sent
         # with the next acquire (AcquireRequest.known) while every chunk is cached.
-        self._known: LRU[str, tuple[Entry, frozenset[str]]] = LRU(_KNOWN_STATES)
+        self._known: LRU[str, tuple[Entry, frozenset[str], StateHeader]] = LRU(_KNOWN_STATES)
         #: the owners' indexes (``catalog.py``)
         self.catalog = CatalogIndex(kv, catalog_prefix, self._call, self._spawn)
 
@@ -1285,6 +1285,9 @@ class KVSessionStorage:
         now = self.clock()
         lease_end = now + self.lease_seconds
         held = self.cache.keys(scope)
+        known = self._known.get(scope)
+        if known is not None and load_history and not known[1] <= held:
+            known = None
         return AcquireRequest(
             scope=scope,
             owner=owner,
@@ -1296,19 +1299,15 @@ class KVSessionStorage:
             refresh_horizon=None if self.ttl_seconds is None else now + self.ttl_seconds,
             load_history=load_history,
             held_chunks=held,
-            known=self._known_state(scope, held, load_history),
+            known=None if known is None else known[0],
+            known_header=None if known is None else known[2],
         )
-
-    def _known_state(self, scope: str, held: frozenset[str], load_history: bool) -> Entry | None:
-        known = self._known.get(scope)
-        if known is None or (load_history and not known[1] <= held):
-            return None
-        return known[0]
 
     def _remember_state(self, scope: str, version: str, value: bytes, header: StateHeader) -> None:
         """Note the state this store just wrote (for the next acquire's ``known``)."""
         self._known.set(
-            scope, (Entry(value, version, None), frozenset(c.key for c in header.chunks))
+            scope,
+            (Entry(value, version, None), frozenset(c.key for c in header.chunks), header),
         )
 
     async def _acquired(
