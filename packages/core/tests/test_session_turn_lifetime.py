@@ -53,11 +53,15 @@ async def test_a_session_kept_after_its_turn_refuses_writes(url: str, tmp_path: 
     """Whether or not its turn object still exists, a session used after the block says
     the turn is over and writes nothing."""
     async with open_sessions(url.format(tmp=tmp_path)) as store:
-        turn = store.turn("s")
+        turn = store.turn("s")  # held by this name until the end
         async with turn as kept_with_turn:
             kept_with_turn.replace(pair("a"))
-        async with store.turn("s") as alone:
+        gone = store.turn("s")
+        async with gone as alone:
             pass
+        gone_ref = weakref.ref(gone)
+        del gone
+        assert gone_ref() is None and turn.session is kept_with_turn
         for session in (kept_with_turn, alone):
             with pytest.raises(ResourceClosedError, match="is over"):
                 session.replace(pair("late"))
@@ -65,4 +69,3 @@ async def test_a_session_kept_after_its_turn_refuses_writes(url: str, tmp_path: 
                 await session.checkpoint(pair("late"))
         got = await store.read_messages("s")
         assert got is not None and [m.parts[0].content for m in got] == ["a", "a"]  # type: ignore[union-attr]
-        del turn
