@@ -121,6 +121,9 @@ _attributes_cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.Weak
 
 def enabled() -> bool:
     """True when the API is installed and the application configured a tracer provider."""
+    trace = _trace
+    if trace is not None and _named is False and getattr(trace, _PROVIDER_ATTRIBUTE, 0) is None:
+        return False  # the usual answer, in one look: API loaded, no provider set or named
     if _trace is None and not _api():
         return False
     if getattr(_trace, _PROVIDER_ATTRIBUTE, _MISSING) is None and not _provider_named():
