@@ -451,40 +451,6 @@ class SQLiteKV(KVStore):
                 out[key] = Entry(bytes(value), version, expires_at)
         return out
 
-    @classmethod
-    def delete_in(
-        cls, c: sqlite3.Connection, scope: str, key: str, expected: str | None, now: float
-    ) -> bool:
-        """Delete (if at ``expected``, when given) on ``c`` (inside :meth:`transaction`)."""
-        return cls._delete_in(c, scope, key, expected, now)
-
-    @classmethod
-    def create_in(
-        cls,
-        c: sqlite3.Connection,
-        scope: str,
-        key: str,
-        value: bytes,
-        expires_at: float | None,
-        now: float,
-    ) -> str | None:
-        """Create-if-absent on ``c`` (inside :meth:`transaction`): the version, or None."""
-        return cls._create_in(c, scope, key, value, expires_at, now)
-
-    @classmethod
-    def replace_in(
-        cls,
-        c: sqlite3.Connection,
-        scope: str,
-        key: str,
-        value: bytes,
-        expected: str,
-        expires_at: float | None,
-        now: float,
-    ) -> str | None:
-        """Replace-if-version on ``c`` (inside :meth:`transaction`): the version, or None."""
-        return cls._replace_in(c, scope, key, value, expected, expires_at, now)
-
     async def _aclose(self) -> None:
         for close_port in self._closers:
             close_port()
@@ -541,6 +507,7 @@ class SQLiteKV(KVStore):
         expires_at: float | None,
         now: float,
     ) -> str | None:
+        """Create-if-absent on ``c`` (inside :meth:`transaction`): the version, or None."""
         version = new_version()
         cur = c.execute(
             "INSERT INTO agent_stores_kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
@@ -561,6 +528,7 @@ class SQLiteKV(KVStore):
         expires_at: float | None,
         now: float,
     ) -> str | None:
+        """Replace-if-version on ``c`` (inside :meth:`transaction`): the version, or None."""
         version = new_version()
         cur = c.execute(
             f"UPDATE agent_stores_kv SET value = ?, version = ?, expires_at = ? "
@@ -597,6 +565,7 @@ class SQLiteKV(KVStore):
     def _delete_in(
         c: sqlite3.Connection, scope: str, key: str, expected: str | None, now: float
     ) -> bool:
+        """Delete (if at ``expected``, when given) on ``c`` (inside :meth:`transaction`)."""
         if expected is None:
             cur = c.execute(
                 f"DELETE FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}",
@@ -608,6 +577,12 @@ class SQLiteKV(KVStore):
                 (scope, key, expected, now),
             )
         return cur.rowcount == 1
+
+    # The native ports' names for the primitives above: the same functions, so a port's
+    # statement costs no second call.
+    create_in = _create_in
+    replace_in = _replace_in
+    delete_in = _delete_in
 
     async def _delete(self, scope: str, key: str, expected_version: str | None, now: float) -> bool:
         return await self._run(lambda c: self._delete_in(c, scope, key, expected_version, now))

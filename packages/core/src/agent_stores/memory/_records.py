@@ -219,6 +219,13 @@ class FileRecord:
         return None
 
 
+def index_entry_value(fingerprint: str, version: str | None, existed: bool, path: str) -> bytes:
+    """The stored form of :class:`IndexEntry` ``(fingerprint, version, existed, path)``,
+    made without the object: a write encodes its entry and never reads it back."""
+    obj = {"f": FORMAT, "fp": fingerprint, "v": version, "e": int(existed), "p": path}
+    return compact_json.dumps(obj)
+
+
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     """The global receipt index entry: which path an operation changed and how."""
@@ -229,14 +236,7 @@ class IndexEntry:
     path: str
 
     def dump(self) -> bytes:
-        obj = {
-            "f": FORMAT,
-            "fp": self.fingerprint,
-            "v": self.version,
-            "e": int(self.existed),
-            "p": self.path,
-        }
-        return compact_json.dumps(obj)
+        return index_entry_value(self.fingerprint, self.version, self.existed, self.path)
 
     @classmethod
     def load(cls, raw: bytes, *, where: str) -> IndexEntry:

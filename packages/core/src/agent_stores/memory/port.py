@@ -41,7 +41,9 @@ logger = logging.getLogger("agent_stores.memory")
 MARKER_VALUE = b"{}"
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: one of each is made per write, and a frozen dataclass's ``__init__`` sets
+# every field through ``object.__setattr__`` (about 0.1 µs a field). Ports only read them.
+@dataclass(slots=True)
 class IndexWrite:
     """The receipt index entry of a write: created only if absent (or expired)."""
 
@@ -51,7 +53,7 @@ class IndexWrite:
     ttl: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FileWrite:
     """One memory mutation as the port applies it."""
 
