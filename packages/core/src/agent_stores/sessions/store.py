@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import os
 import random
 import secrets
@@ -31,7 +30,7 @@ from .errors import (
     TransientStoreError,
 )
 from .forks import BranchInfo, ForkReport
-from .history import StoredHistory, as_list
+from .history import StoredHistory, as_list, begins_with
 from .info import SessionInfo
 from .port import SessionPort
 from .storage import Acquired, Busy, KVSessionStorage, LeaseHandle, Ticket
@@ -141,7 +140,7 @@ class Session:
         # ...]``): those messages were checked when they were loaded or saved, and the
         # save reuses this one C-speed comparison instead of making it again.
         start = 0
-        if len(items) >= len(loaded) and all(map(operator.is_, items, loaded)):
+        if begins_with(items, loaded):
             start = len(loaded)
         # The set of exact types first: a C-speed pass; the per-item check runs only when
         # something else (a subclass, or an error) is there.
