@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 from agent_stores import BackendUnavailableError, open_kv
-from agent_stores.backend import within_seconds
+from agent_stores.backend import Deadline, TimeBound, within_seconds
 from agent_stores.kv.base import within_deadline
 
 
@@ -79,6 +79,45 @@ async def test_a_bound_inside_a_deadline_ends_first_as_a_timeout() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    await kv.aclose()
+
+
+async def test_the_with_forms_bound_as_the_calls_do() -> None:
+    """``with Deadline(kv)`` and ``with TimeBound(s)``, the forms without a coroutine of
+    their own: the inner bound raises ``TimeoutError`` from its block, the outer one
+    ``BackendUnavailableError``; a nested deadline of the same store adds nothing (the
+    outer one reports); a cancellation from outside stays one; and after each block the
+    task is neither cancelled nor bounded any more."""
+    kv = open_kv("memory://deadline-f?deadline=0.4")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    with pytest.raises(TimeoutError), TimeBound(0.1):
+        await asyncio.sleep(5)
+    assert 0.1 <= loop.time() - start < 2
+    start = loop.time()
+    with (
+        pytest.raises(BackendUnavailableError, match=r"did not answer within 0\.4 s"),
+        Deadline(kv),
+        Deadline(kv),
+    ):
+        await asyncio.sleep(5)
+    assert 0.4 <= loop.time() - start < 2
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    with TimeBound(1.0):
+        await asyncio.sleep(0.5)  # past the deadline's 0.4 s, had its slot stayed armed
+    with TimeBound(None):
+        await asyncio.sleep(0.01)
+
+    async def hangs() -> None:
+        with Deadline(kv):
+            await asyncio.sleep(10)
+
+    hanging = asyncio.create_task(hangs())
+    await asyncio.sleep(0.01)
+    hanging.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hanging
     await kv.aclose()
 
 

@@ -16,7 +16,7 @@ redis-py bounds each send and each read of a connection with ``socket_timeout`` 
 ``asyncio.wait_for`` (a task per send) and ``asyncio.timeout``: about a tenth of a turn's
 client CPU. These connections leave those off; one bound, ``socket_timeout`` for the send
 and its reply together, is kept on the store's shared deadline timer
-(:func:`agent_stores.backend.within_seconds`). A reply that does not come in time
+(:class:`agent_stores.backend.TimeBound`). A reply that does not come in time
 disconnects the connection (redis-py does on any cancelled read) and is a redis-py
 ``TimeoutError``, retried like one.
 
@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from agent_stores.backend import within_seconds
+from agent_stores.backend import TimeBound
 
 #: redis-py's own ``pack_command``, known by name: a class or test that replaces it (to
 #: inject faults or count requests) is then called, not bypassed by hiredis.
@@ -91,7 +91,8 @@ class DirectScripts:
         try:
             conn = await self._checked_out()
             try:
-                return await within_seconds(self._timeout, self._exchange(conn, args))
+                with TimeBound(self._timeout):
+                    return await self._exchange(conn, args)
             except TimeoutError:
                 from redis.exceptions import TimeoutError as RedisTimeoutError
 

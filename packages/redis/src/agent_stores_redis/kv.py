@@ -38,6 +38,7 @@ from agent_stores.backend import (
     Check,
     Clock,
     Create,
+    Deadline,
     Delete,
     Entry,
     KVCapabilities,
@@ -452,7 +453,9 @@ class RedisKV(KVStore):
     async def _eval_once(self, script: lua.Script, argv: list[Any], numkeys: int) -> Any:
         from redis.exceptions import NoScriptError
 
-        send = self._send_script
+        # On the store's own connections straight away: a coroutine level less on every
+        # script call (each resumption passes through each level of the await chain).
+        send = self._send_script if self._direct is None else self._direct.call
         try:
             return await send("EVALSHA", script.sha, numkeys, *argv)
         except NoScriptError:
@@ -514,7 +517,8 @@ class RedisKV(KVStore):
         failures retried; for scripts that may safely run twice (a session acquire does:
         the retry finds its own lease)."""
         self.check_open()
-        result, _ = await within_deadline(self, self._eval(script, keys, args))
+        with Deadline(self):
+            result, _ = await self._eval(script, keys, args)
         return result
 
     @classmethod

@@ -72,41 +72,108 @@ _running_deadline: ContextVar[tuple[int, object, float] | None] = ContextVar(
 )
 
 
+class Deadline:
+    """``with Deadline(kv): await …`` bounds the awaits inside by ``kv.deadline_seconds``,
+    as :func:`within_deadline` does for one awaitable, without a coroutine of its own.
+
+    Each coroutine between a task and the socket it waits on is resumed in turn whenever
+    the socket answers, so a bound that is not one costs on every reply of every request;
+    store code on hot paths uses this form. A call still running at the deadline is
+    cancelled and reported as :class:`~agent_stores.errors.BackendUnavailableError`
+    (raised from the ``with``), its outcome unknown, exactly like a lost reply. Inside an
+    outer bound of the same store and task that ends no later, it does nothing.
+    """
+
+    __slots__ = ("_kv", "_slot", "_token", "_watch")
+
+    def __init__(self, kv: KVStore) -> None:
+        self._kv = kv
+        self._slot: _Slot | None = None
+
+    def __enter__(self) -> None:
+        kv = self._kv
+        deadline = kv.deadline_seconds
+        if deadline is None:
+            return
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + deadline
+        task = asyncio.current_task()
+        running = _running_deadline.get()
+        if (
+            running is not None
+            and running[0] == id(kv)
+            and running[1] is task
+            and running[2] <= ends
+        ):
+            return  # already bounded by an outer call of this store, which ends first
+        if task is None:  # pragma: no cover - always inside a task under asyncio.run
+            return
+        self._token = _running_deadline.set((id(kv), task, ends))
+        self._watch = _DeadlineWatch.of(loop)
+        self._slot = self._watch.enter(loop, task, ends)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: Any
+    ) -> None:
+        slot = self._slot
+        if slot is None:
+            return
+        self._slot = None
+        self._watch.leave(slot)
+        _running_deadline.reset(self._token)
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and slot.cut_off():
+            deadline = self._kv.deadline_seconds
+            raise BackendUnavailableError(
+                detail=f"{self._kv.describe()} did not answer within {deadline:g} s "
+                "(the call's deadline: the URL option deadline=SECONDS)"
+            ) from None
+
+
+class TimeBound:
+    """``with TimeBound(seconds): await …`` bounds the awaits inside by ``seconds`` (None:
+    unbounded), as :func:`within_seconds` does for one awaitable, without a coroutine of
+    its own (see :class:`Deadline`): ``TimeoutError`` is raised from the ``with``."""
+
+    __slots__ = ("_seconds", "_slot", "_watch")
+
+    def __init__(self, seconds: float | None) -> None:
+        self._seconds = seconds
+        self._slot: _Slot | None = None
+
+    def __enter__(self) -> None:
+        seconds = self._seconds
+        if seconds is None:
+            return
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - always inside a task under asyncio.run
+            return
+        loop = asyncio.get_running_loop()
+        self._watch = _DeadlineWatch.of(loop)
+        self._slot = self._watch.enter(loop, task, loop.time() + seconds)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: Any
+    ) -> None:
+        slot = self._slot
+        if slot is None:
+            return
+        self._slot = None
+        self._watch.leave(slot)
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and slot.cut_off():
+            raise TimeoutError(f"no answer within {self._seconds:g} s") from None
+
+
 async def within_deadline(kv: KVStore, call: Awaitable[T]) -> T:
     """Await ``call`` (a backend request of ``kv``) for at most ``kv.deadline_seconds``.
 
     A call still running then is cancelled and reported as
     :class:`~agent_stores.errors.BackendUnavailableError` naming the backend and its
     (redacted) location: its outcome is unknown, exactly like a lost reply. Native ports
-    run their requests through this too, so no store call outlives the deadline.
+    run their requests through this too (or :class:`Deadline`, its ``with`` form), so no
+    store call outlives the deadline.
     """
-    deadline = kv.deadline_seconds
-    if deadline is None:
+    with Deadline(kv):
         return await call
-    loop = asyncio.get_running_loop()
-    ends = loop.time() + deadline
-    task = asyncio.current_task()
-    running = _running_deadline.get()
-    if running is not None and running[0] == id(kv) and running[1] is task and running[2] <= ends:
-        # Already bounded by an outer call of this store, which ends first and reports it.
-        return await call
-    if task is None:  # pragma: no cover - always inside a task under asyncio.run
-        return await call
-    token = _running_deadline.set((id(kv), task, ends))
-    watch = _DeadlineWatch.of(loop)
-    slot = watch.enter(loop, task, ends)
-    try:
-        return await call
-    except asyncio.CancelledError:
-        if not slot.cut_off():
-            raise  # cancelled by someone else
-        raise BackendUnavailableError(
-            detail=f"{kv.describe()} did not answer within {deadline:g} s "
-            "(the call's deadline: the URL option deadline=SECONDS)"
-        ) from None
-    finally:
-        watch.leave(slot)
-        _running_deadline.reset(token)
 
 
 async def within_seconds(seconds: float | None, call: Awaitable[T]) -> T:
@@ -116,24 +183,11 @@ async def within_seconds(seconds: float | None, call: Awaitable[T]) -> T:
 
     For a backend's per-attempt bounds inside a store call (a Redis reply that does not
     come is given up and the command retried, within the call's deadline). The timer
-    checks every 50 ms, so a bound is met to within that.
+    checks every 50 ms, so a bound is met to within that. :class:`TimeBound` is its
+    ``with`` form.
     """
-    if seconds is None:
+    with TimeBound(seconds):
         return await call
-    task = asyncio.current_task()
-    if task is None:  # pragma: no cover - always inside a task under asyncio.run
-        return await call
-    loop = asyncio.get_running_loop()
-    watch = _DeadlineWatch.of(loop)
-    slot = watch.enter(loop, task, loop.time() + seconds)
-    try:
-        return await call
-    except asyncio.CancelledError:
-        if not slot.cut_off():
-            raise  # cancelled by someone else
-        raise TimeoutError(f"no answer within {seconds:g} s") from None
-    finally:
-        watch.leave(slot)
 
 
 class _Slot:
@@ -244,7 +298,8 @@ def _bounded(
 
     @functools.wraps(fn)
     async def wrapper(self: KVStore, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return await within_deadline(self, fn(self, *args, **kwargs))
+        with Deadline(self):
+            return await fn(self, *args, **kwargs)
 
     return wrapper
 

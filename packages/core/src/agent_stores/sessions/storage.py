@@ -49,7 +49,7 @@ from ..errors import (
     CorruptRecordError,
     ResourceClosedError,
 )
-from ..kv.base import Delete, Entry, KVStore, random_hex, within_deadline
+from ..kv.base import Deadline, Delete, Entry, KVStore, random_hex
 from ..lru import LRU
 from .cache import CachedChunk, ChunkCache
 from .catalog import (
@@ -402,7 +402,8 @@ class KVSessionStorage:
         started = time.perf_counter()
         try:
             # Native ports bypass the KV API, so their requests get the deadline here.
-            return await within_deadline(self.kv, awaitable)
+            with Deadline(self.kv):
+                return await awaitable
         except (ConflictError, ResourceClosedError):
             raise
         except CorruptRecordError as exc:

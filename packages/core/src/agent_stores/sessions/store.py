@@ -723,13 +723,23 @@ class SessionStore(KVBackedStore):
                 self._check_open()
                 attempt_started = loop.time()
                 try:
-                    outcome = await self._attempt_acquire(
-                        session_id,
-                        wait,
-                        owner=owner,
-                        allow_recovery=allow_recovery,
-                        load_history=load_history,
-                    )
+                    if wait.ticket is None and wait.at_head:
+                        # Not queued (the usual turn): straight to the storage, a level of
+                        # the await chain less (see _attempt_acquire).
+                        outcome: Acquired | Busy | None = await self.storage.load_and_acquire(
+                            session_id,
+                            owner=owner,
+                            allow_recovery=allow_recovery,
+                            load_history=load_history,
+                        )
+                    else:
+                        outcome = await self._attempt_acquire(
+                            session_id,
+                            wait,
+                            owner=owner,
+                            allow_recovery=allow_recovery,
+                            load_history=load_history,
+                        )
                 except TransientStoreError:
                     # Retrying with the same owner token is safe: if the lost answer was a
                     # successful acquire, the next attempt finds our own lease and continues.
