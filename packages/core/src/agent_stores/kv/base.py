@@ -72,7 +72,26 @@ _running_deadline: ContextVar[tuple[int, object, float] | None] = ContextVar(
 )
 
 
-class Deadline:
+class _Bound:
+    """A ``with`` block entered in the loop's deadline watch (see :class:`Deadline`)."""
+
+    __slots__ = ("_slot", "_watch")
+
+    _slot: _Slot | None
+    _watch: _DeadlineWatch
+
+    def _left(self, kind: type[BaseException] | None) -> bool:
+        """Leave the watch; True when the block ends by this bound's own cancellation (then
+        taken back), False when it ended otherwise or someone else cancelled it too."""
+        slot = self._slot
+        if slot is None:
+            return False
+        self._slot = None
+        self._watch.leave(slot)
+        return kind is not None and issubclass(kind, asyncio.CancelledError) and slot.cut_off()
+
+
+class Deadline(_Bound):
     """``with Deadline(kv): await …`` bounds the awaits inside by ``kv.deadline_seconds``,
     as :func:`within_deadline` does for one awaitable, without a coroutine of its own.
 
@@ -84,11 +103,11 @@ class Deadline:
     outer bound of the same store and task that ends no later, it does nothing.
     """
 
-    __slots__ = ("_kv", "_slot", "_token", "_watch")
+    __slots__ = ("_kv", "_token")
 
     def __init__(self, kv: KVStore) -> None:
         self._kv = kv
-        self._slot: _Slot | None = None
+        self._slot = None
 
     def __enter__(self) -> None:
         kv = self._kv
@@ -115,13 +134,9 @@ class Deadline:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: Any
     ) -> None:
-        slot = self._slot
-        if slot is None:
-            return
-        self._slot = None
-        self._watch.leave(slot)
-        _running_deadline.reset(self._token)
-        if kind is not None and issubclass(kind, asyncio.CancelledError) and slot.cut_off():
+        if self._slot is not None:
+            _running_deadline.reset(self._token)
+        if self._left(kind):
             deadline = self._kv.deadline_seconds
             raise BackendUnavailableError(
                 detail=f"{self._kv.describe()} did not answer within {deadline:g} s "
@@ -129,16 +144,16 @@ class Deadline:
             ) from None
 
 
-class TimeBound:
+class TimeBound(_Bound):
     """``with TimeBound(seconds): await …`` bounds the awaits inside by ``seconds`` (None:
     unbounded), as :func:`within_seconds` does for one awaitable, without a coroutine of
     its own (see :class:`Deadline`): ``TimeoutError`` is raised from the ``with``."""
 
-    __slots__ = ("_seconds", "_slot", "_watch")
+    __slots__ = ("_seconds",)
 
     def __init__(self, seconds: float | None) -> None:
         self._seconds = seconds
-        self._slot: _Slot | None = None
+        self._slot = None
 
     def __enter__(self) -> None:
         seconds = self._seconds
@@ -154,12 +169,7 @@ class TimeBound:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: Any
     ) -> None:
-        slot = self._slot
-        if slot is None:
-            return
-        self._slot = None
-        self._watch.leave(slot)
-        if kind is not None and issubclass(kind, asyncio.CancelledError) and slot.cut_off():
+        if self._left(kind):
             raise TimeoutError(f"no answer within {self._seconds:g} s") from None
 
 
