@@ -464,3 +464,23 @@ async def test_remembered_records_are_bounded_by_bytes(tmp_path: Path) -> None:
     assert await reads_before_writing("u/00.md", versions[0]) == 1
     await store.aclose()
     await counting.aclose()
+
+
+async def test_an_operation_of_the_wrong_type_is_refused_before_anything_is_written() -> None:
+    """A string (say, the operation's id alone) where the MemoryOperation goes: a
+    TypeError naming what is expected, and the file neither created nor changed."""
+    store = KVMemoryStore(open_kv(f"memory://op-type-{_name()}"))
+    first = await store.write("a.md", "one", expected_version=None)
+    for bad in ("op-1", 7, object()):
+        with pytest.raises(TypeError, match="MemoryOperation"):
+            await store.write("a.md", "two", expected_version=first.version, operation=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="MemoryOperation"):
+            await store.write("b.md", "new", expected_version=None, operation=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="MemoryOperation"):
+            await store.delete("a.md", expected_version=first.version, operation=bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="MemoryOperation"):
+            await store.get_operation(bad)  # type: ignore[arg-type]
+    found = await store.read("a.md", max_chars=100)
+    assert found is not None and found.content == "one" and found.version == first.version
+    assert await store.read("b.md", max_chars=100) is None
+    await store.aclose()

@@ -391,6 +391,8 @@ class KVMemoryStore(KVBackedStore):
 
         Raises ``MemoryOperationConflictError`` when the id was used with another fingerprint.
         """
+        if type(operation) is not _harness.MemoryOperation:
+            _check_operation(operation)
         entry = await self._get_index(operation)
         if entry is None:
             return None
@@ -426,6 +428,8 @@ class KVMemoryStore(KVBackedStore):
         encoded = _harness.encode_metadata(metadata)
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
+        if operation is not None and type(operation) is not _harness.MemoryOperation:
+            _check_operation(operation)
         if self._subject_of is not None:
             await self._admit(path)
         mutation = await self._mutate(
@@ -449,6 +453,8 @@ class KVMemoryStore(KVBackedStore):
         """Delete ``path`` if its version is ``expected_version``; deleting an absent path
         with ``expected_version=None`` succeeds with ``existed=False``."""
         loc = self._checked_location(path)
+        if operation is not None and type(operation) is not _harness.MemoryOperation:
+            _check_operation(operation)
         if self._subject_of is not None:
             await self._admit(path)
         mutation = await self._mutate(
@@ -1982,6 +1988,20 @@ def _token_time(token: str) -> float | None:
 def _token_age(token: str, now: float) -> float:
     made = _token_time(token)
     return float("inf") if made is None else now - made  # inf: never referenced
+
+
+def _check_operation(operation: object) -> None:
+    """Refuse, before anything is written, an ``operation`` that is not a
+    :class:`~pydantic_ai_harness.memory.MemoryOperation` (or an object with its string
+    ``id`` and ``fingerprint``): the receipt is keyed and checked by those two."""
+    if not (
+        isinstance(getattr(operation, "id", None), str)
+        and isinstance(getattr(operation, "fingerprint", None), str)
+    ):
+        raise TypeError(
+            "operation must be a pydantic_ai_harness.memory.MemoryOperation (string id and "
+            f"fingerprint), got {type(operation).__name__}"
+        )
 
 
 def _reused(operation: MemoryOperation) -> MemoryOperationConflictError:
