@@ -453,9 +453,10 @@ class RedisKV(KVStore):
     async def _eval_once(self, script: lua.Script, argv: list[Any], numkeys: int) -> Any:
         from redis.exceptions import NoScriptError
 
-        # On the store's own connections straight away: a coroutine level less on every
-        # script call (each resumption passes through each level of the await chain).
-        send = self._send_script if self._direct is None else self._direct.call
+        # On the store's own connections when it has them (see .direct), else through the
+        # client; chosen here, not in a forwarding coroutine: each level of the await
+        # chain is resumed on every reply.
+        send = self._send_by_client if self._direct is None else self._direct.call
         try:
             return await send("EVALSHA", script.sha, numkeys, *argv)
         except NoScriptError:
@@ -463,11 +464,8 @@ class RedisKV(KVStore):
             # the script and caches it again, so the next call by SHA works.
             return await send("EVAL", script.source, numkeys, *argv)
 
-    async def _send_script(self, *args: Any) -> Any:
-        """One script command, its raw reply: on the store's own connections when it has
-        them (see .direct), else through the client's ``execute_command``."""
-        if self._direct is not None:
-            return await self._direct.call(*args)
+    async def _send_by_client(self, *args: Any) -> Any:
+        """One script command, its raw reply, through the client's ``execute_command``."""
         return await self._client.execute_command(*args, **{_NEVER_DECODE: True})
 
     async def _eval(

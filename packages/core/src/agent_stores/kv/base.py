@@ -739,21 +739,8 @@ class KVStore(AsyncCloseable, ABC):
 
     def check_ids(self, scope: str, key: str) -> None:
         """Raise InvalidIdError unless ``scope`` and ``key`` are valid ids (``docs/kv.md``)."""
-        limits = self.limits
-        # Both usual (see ``_check_id``) in one look: this runs several times per operation.
-        if (
-            type(scope) is str
-            and type(key) is str
-            and scope.isascii()
-            and key.isascii()
-            and 0 < len(scope) <= limits.max_scope_chars
-            and 0 < len(key) <= limits.max_key_chars
-            and "\x00" not in scope
-            and "\x00" not in key
-        ):
-            return
-        _check_id("scope", scope, limits.max_scope_chars)
-        _check_id("key", key, limits.max_key_chars)
+        _check_id("scope", scope, self.limits.max_scope_chars)
+        _check_id("key", key, self.limits.max_key_chars)
 
     def check_value(self, scope: str, key: str, value: bytes) -> None:
         """Raise ValueTooLargeError when ``value`` exceeds ``limits.max_value_bytes`` (TypeError

@@ -391,8 +391,7 @@ class KVMemoryStore(KVBackedStore):
 
         Raises ``MemoryOperationConflictError`` when the id was used with another fingerprint.
         """
-        if type(operation) is not _harness.MemoryOperation:
-            _check_operation(operation)
+        _check_operation(operation)
         entry = await self._get_index(operation)
         if entry is None:
             return None
@@ -428,8 +427,7 @@ class KVMemoryStore(KVBackedStore):
         encoded = _harness.encode_metadata(metadata)
         if not isinstance(content, str):
             raise TypeError(f"memory content must be a string, got {type(content).__name__}")
-        if operation is not None and type(operation) is not _harness.MemoryOperation:
-            _check_operation(operation)
+        _check_operation(operation)
         if self._subject_of is not None:
             await self._admit(path)
         mutation = await self._mutate(
@@ -453,8 +451,7 @@ class KVMemoryStore(KVBackedStore):
         """Delete ``path`` if its version is ``expected_version``; deleting an absent path
         with ``expected_version=None`` succeeds with ``existed=False``."""
         loc = self._checked_location(path)
-        if operation is not None and type(operation) is not _harness.MemoryOperation:
-            _check_operation(operation)
+        _check_operation(operation)
         if self._subject_of is not None:
             await self._admit(path)
         mutation = await self._mutate(
@@ -1991,9 +1988,11 @@ def _token_age(token: str, now: float) -> float:
 
 
 def _check_operation(operation: object) -> None:
-    """Refuse, before anything is written, an ``operation`` that is not a
+    """Refuse, before anything is written, an ``operation`` that is not None or a
     :class:`~pydantic_ai_harness.memory.MemoryOperation` (or an object with its string
     ``id`` and ``fingerprint``): the receipt is keyed and checked by those two."""
+    if operation is None or type(operation) is _harness.MemoryOperation:
+        return
     if not (
         isinstance(getattr(operation, "id", None), str)
         and isinstance(getattr(operation, "fingerprint", None), str)

@@ -723,19 +723,15 @@ class SessionStore(KVBackedStore):
                 self._check_open()
                 attempt_started = loop.time()
                 try:
-                    if wait.ticket is None and wait.at_head:
-                        # Not queued (the usual turn): straight to the storage, a level of
-                        # the await chain less (see _attempt_acquire).
-                        outcome: Acquired | Busy | None = await self.storage.load_and_acquire(
+                    # Only once our ticket (when we hold one) is first; None: not yet.
+                    # Inline, not a coroutine of its own: each level of the await chain
+                    # is resumed on every reply of the acquire.
+                    if wait.ticket is not None:
+                        await self._advance_in_queue(session_id, wait)
+                    outcome: Acquired | Busy | None = None
+                    if wait.at_head:
+                        outcome = await self.storage.load_and_acquire(
                             session_id,
-                            owner=owner,
-                            allow_recovery=allow_recovery,
-                            load_history=load_history,
-                        )
-                    else:
-                        outcome = await self._attempt_acquire(
-                            session_id,
-                            wait,
                             owner=owner,
                             allow_recovery=allow_recovery,
                             load_history=load_history,
@@ -762,27 +758,10 @@ class SessionStore(KVBackedStore):
             if wait.ticket is not None:
                 self.storage.leave_queue(session_id, wait.ticket)
 
-    async def _attempt_acquire(
-        self,
-        session_id: str,
-        wait: _Wait,
-        *,
-        owner: str,
-        allow_recovery: bool,
-        load_history: bool,
-    ) -> Acquired | Busy | None:
-        """Try to take the lease, if our ticket (when we hold one) is first; None: not first."""
-        await self._advance_in_queue(session_id, wait)
-        if not wait.at_head:
-            return None
-        return await self.storage.load_and_acquire(
-            session_id, owner=owner, allow_recovery=allow_recovery, load_history=load_history
-        )
-
     async def _advance_in_queue(self, session_id: str, wait: _Wait) -> None:
-        """Keep our ticket alive and, until it is first, count the tickets still ahead of it."""
-        if wait.ticket is None:
-            return
+        """Keep our ticket (there is one) alive and, until it is first, count the tickets
+        still ahead of it."""
+        assert wait.ticket is not None
         wait.ticket = await self.storage.keep_ticket(session_id, wait.ticket)
         if wait.at_head:
             return
