@@ -9,11 +9,14 @@ fenced (the Redis floor's two ``EVALSHA`` in ``side_by_side.py`` likewise):
    the fencing token, and the stored state comes back in the same statement;
 2. save: ``UPDATE … SET value = <new state>, version = <newer> WHERE version = <token>``.
 
-Between them the client decodes the inline tail it hands to the caller (Pydantic AI's
-``ModelMessagesTypeAdapter``), appends the turn's two messages and encodes the new tail;
-past agent-stores' 4 KiB tail bound the tail keeps its last message and the rest (cut
-from the encoded bytes, not encoded again) is written as a history chunk in the save's
-statement or transaction, as a store must to keep the history. The state is
+Between them the client decodes the inline tail (Pydantic AI's
+``ModelMessagesTypeAdapter``), hands the caller the whole history, takes back one new list
+of it and the turn's two messages (as agent-stores' caller in the bench makes it) and
+encodes the new tail; past agent-stores' 4 KiB tail bound the tail keeps its last message
+and the rest (cut from the encoded bytes, not encoded again) is written as a history chunk
+in the save's statement or transaction, as a store must to keep the history. The messages
+before the tail are the very objects the floor was given (the initial history, then each
+spill's), held in memory and never decoded: no store can undercut that. The state is
 agent-stores' header line (:func:`~agent_stores.backend.acquired_header`) and the tail.
 
 * PostgreSQL: psycopg on one held autocommit connection and cursor, prepared statements.
@@ -40,20 +43,23 @@ TAIL_BYTES = 4 << 10
 SCOPE_PREFIX = "sessions:floor/"
 
 
-def next_state(stored: bytes, added: Sequence[Any]) -> tuple[bytes, bytes | None]:
-    """The client's work between the statements: the tail decoded, ``added`` appended, the
-    new tail encoded behind the stored header line; past :data:`TAIL_BYTES` the tail keeps
-    its last message. Returns (new state, the spilled chunk or None)."""
+def next_state(stored: bytes, held: list[Any], added: Sequence[Any]) -> tuple[bytes, bytes | None]:
+    """The client's work between the statements: the tail decoded, the caller's new list
+    of the history (``held``, the messages before the tail, then the tail's) and ``added``,
+    the new tail encoded behind the stored header line; past :data:`TAIL_BYTES` the tail
+    keeps its last message and the rest joins ``held``. Returns (new state, the spilled
+    chunk or None)."""
     cut = stored.index(b"\n") + 1
     messages = ModelMessagesTypeAdapter.validate_json(stored[cut:])
-    new = [*messages, *added]
-    tail = ModelMessagesTypeAdapter.dump_json(new)
+    new = [*held, *messages, *added]  # the caller's list
+    tail = ModelMessagesTypeAdapter.dump_json(new[len(held) :])
     spilled = None
     if len(tail) > TAIL_BYTES:
         last = ModelMessagesTypeAdapter.dump_json(new[-1:])
         # "[a,b,c]" is "[a,b" + "," + "c]": the chunk is the rest, without encoding it again
         spilled = tail[: len(tail) - len(last)] + b"]"
         tail = last
+        held.extend(new[len(held) : -1])
     return stored[:cut] + tail, spilled
 
 
@@ -78,6 +84,7 @@ class PostgresSessionFloor:
         self, conn: Any, table: Any, take: bytes, save: bytes, spill: bytes, insert: bytes
     ) -> None:
         self._conn, self._table = conn, table
+        self._held: dict[str, list[Any]] = {}  # by session: the messages before the tail
         self._cursor = conn.cursor()
         self._take, self._save, self._spill, self._insert = take, save, spill, insert
 
@@ -115,6 +122,7 @@ class PostgresSessionFloor:
         await self._conn.execute(
             self._insert, (SCOPE_PREFIX + sid, first_state(messages), new_version())
         )
+        self._held[sid] = list(messages)[:-1]
 
     async def turn(self, sid: str, added: Sequence[Any]) -> None:
         cursor, scope, now = self._cursor, SCOPE_PREFIX + sid, time.time()
@@ -124,7 +132,7 @@ class PostgresSessionFloor:
         )
         row = await cursor.fetchone()
         assert row is not None
-        state, spilled = next_state(row[0], added)
+        state, spilled = next_state(row[0], self._held[sid], added)
         params = {
             "value": state,
             "version": new_version(),
@@ -151,12 +159,14 @@ class SQLiteSessionFloor:
 
     def __init__(self, path: Path) -> None:
         self._conn = sqlite_floor_file(path)
+        self._held: dict[str, list[Any]] = {}  # by session: the messages before the tail
 
     async def start(self, sid: str, messages: Sequence[Any]) -> None:
         self._conn.execute(
             "INSERT INTO kv VALUES (?, 'state', ?, ?, NULL)",
             (SCOPE_PREFIX + sid, first_state(messages), new_version()),
         )
+        self._held[sid] = list(messages)[:-1]
 
     async def turn(self, sid: str, added: Sequence[Any]) -> None:
         conn, scope, now = self._conn, SCOPE_PREFIX + sid, time.time()
@@ -167,7 +177,7 @@ class SQLiteSessionFloor:
             (token, scope, now),
         ).fetchall()  # all: the statement (and its write) ends with its last row
         assert len(rows) == 1
-        state, spilled = next_state(rows[0][0], added)
+        state, spilled = next_state(rows[0][0], self._held[sid], added)
         if spilled is not None:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute(
