@@ -439,10 +439,7 @@ def turn_enter(fn: Callable[[Any], Awaitable[T]]) -> Callable[[Any], Awaitable[T
     if not _AVAILABLE:
         return fn
 
-    @functools.wraps(fn)
-    async def wrapper(turn: Any) -> T:
-        if not recording():
-            return await fn(turn)
+    async def traced(turn: Any) -> T:
         kv = _find_kv(lambda t: t.store.kv, (turn,))
         started = time.perf_counter()
         with span("session.acquire", kv):
@@ -450,6 +447,12 @@ def turn_enter(fn: Callable[[Any], Awaitable[T]]) -> Callable[[Any], Awaitable[T
         record_lease_wait(time.perf_counter() - started, kv)
         _turn_started[turn] = started
         return result
+
+    # Not a coroutine function: untraced, it hands back ``fn``'s own coroutine, so a turn
+    # costs no coroutine of its own (nor a level every resume passes through).
+    @functools.wraps(fn)
+    def wrapper(turn: Any) -> Awaitable[T]:
+        return traced(turn) if recording() else fn(turn)
 
     return wrapper
 
@@ -459,10 +462,7 @@ def turn_exit(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     if not _AVAILABLE:
         return fn
 
-    @functools.wraps(fn)
-    async def wrapper(turn: Any, *args: Any) -> T:
-        if turn not in _turn_started:  # its acquire was not recorded: nor is its release
-            return await fn(turn, *args)
+    async def traced(turn: Any, *args: Any) -> T:
         kv = _find_kv(lambda t: t.store.kv, (turn,))
         outcome = "ok" if not args or args[0] is None else "error"
         try:
@@ -472,5 +472,10 @@ def turn_exit(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
             started = _turn_started.pop(turn, None)
             if started is not None:
                 record_turn(time.perf_counter() - started, kv, outcome=outcome)
+
+    @functools.wraps(fn)
+    def wrapper(turn: Any, *args: Any) -> Awaitable[T]:
+        # Its acquire was not recorded: nor is its release (``fn``'s coroutine as it is).
+        return traced(turn, *args) if turn in _turn_started else fn(turn, *args)
 
     return wrapper

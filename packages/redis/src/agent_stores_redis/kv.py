@@ -404,9 +404,9 @@ class RedisKV(KVStore):
         return self._cluster_ready
 
     async def _attempts(
-        self, call: Callable[[], Awaitable[T]], *, resend: bool = True
+        self, call: Callable[..., Awaitable[T]], *args: Any, resend: bool = True
     ) -> tuple[T, bool]:
-        """Run ``call``, retrying transient failures; returns ``(result, ambiguous)``.
+        """Run ``call(*args)``, retrying transient failures; returns ``(result, ambiguous)``.
 
         ``ambiguous`` is True when an earlier attempt failed after the command may have
         reached the server (a lost reply), so a write's "conflict" answer cannot be trusted:
@@ -415,22 +415,32 @@ class RedisKV(KVStore):
         only place a command is re-sent. With ``resend`` False, a failure after the command
         may have reached the server raises :class:`_MaybeApplied` instead of re-sending.
         """
+        try:
+            return await call(*args), False
+        except BaseException as exc:
+            return await self._after_failure(exc, resend, call, *args)
+
+    async def _after_failure(
+        self, failure: BaseException, resend: bool, call: Callable[..., Awaitable[T]], *args: Any
+    ) -> tuple[T, bool]:
+        """The retries of :meth:`_attempts` once ``call(*args)`` raised ``failure``."""
         ambiguous = False
         attempt = 0
         while True:
-            try:
-                return await call(), ambiguous
-            except BaseException as exc:
-                retryable, maybe_sent = _classify(exc)
-                if retryable is None:
-                    raise
-                if maybe_sent and not resend:
-                    raise _MaybeApplied(exc) from exc
-                if not retryable or attempt >= self._retries:
-                    raise self._unavailable(exc) from exc
-                ambiguous = ambiguous or maybe_sent
+            retryable, maybe_sent = _classify(failure)
+            if retryable is None:
+                raise failure
+            if maybe_sent and not resend:
+                raise _MaybeApplied(failure) from failure
+            if not retryable or attempt >= self._retries:
+                raise self._unavailable(failure) from failure
+            ambiguous = ambiguous or maybe_sent
             await asyncio.sleep(min(0.5, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
             attempt += 1
+            try:
+                return await call(*args), ambiguous
+            except BaseException as exc:
+                failure = exc
 
     async def _command(self, *args: Any, raw: bool = True, **options: Any) -> Any:
         """Run one read-only command, redis-py errors turned into typed ones.
@@ -480,9 +490,25 @@ class RedisKV(KVStore):
 
         ``resend`` False: :class:`_MaybeApplied` when the reply may have been lost.
         """
-        await self._ready()
+        if not self._cluster_ready:
+            await self._ready()
         argv = [*keys, *args]
-        return await self._attempts(lambda: self._eval_once(script, argv, len(keys)), resend=resend)
+        send = self._send_by_client if self._direct is None else self._direct.call
+        try:
+            # The first attempt sent from here, not through _attempts and _eval_once: each
+            # coroutine between a task and its socket is resumed on every reply, and held
+            # (with its arguments) for the garbage collector to walk while it waits.
+            return await send("EVALSHA", script.sha, len(keys), *argv), False
+        except BaseException as exc:
+            from redis.exceptions import NoScriptError
+
+            if isinstance(exc, NoScriptError):
+                # The server lost its script cache (restart, failover, SCRIPT FLUSH): EVAL
+                # runs the script and caches it again, so the next call by SHA works.
+                return await self._attempts(
+                    send, "EVAL", script.source, len(keys), *argv, resend=resend
+                )
+            return await self._after_failure(exc, resend, self._eval_once, script, argv, len(keys))
 
     async def _applied(
         self, what: str, scope: str, key: str, version: str, lost: _MaybeApplied

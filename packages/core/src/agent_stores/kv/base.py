@@ -33,7 +33,6 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
@@ -62,33 +61,53 @@ DEFAULT_DEADLINE_SECONDS = 20.0
 """The default of :attr:`KVStore.deadline_seconds` (backends take it from ``?deadline=``)."""
 
 
-# The store, task and loop time of the innermost running ``within_deadline``. A call nested
-# in another of the same store in the same task (a native port's request inside the session
-# layer's bounded call) that would end no earlier needs no timer of its own. The task is
-# part of it because a task started inside a bounded call inherits this context but is not
-# covered by that call's timer.
-_running_deadline: ContextVar[tuple[int, object, float] | None] = ContextVar(
-    "agent_stores_running_deadline", default=None
-)
+class _Slot:
+    """One bounded call: its task, when it must end, and whether the watch cancelled it."""
+
+    __slots__ = ("cancelling", "ends", "fired", "task")
+
+    task: asyncio.Task[Any]
+    ends: float
+    cancelling: int
+    fired: bool
+
+    def cut_off(self) -> bool:
+        """On a cancellation of the task: True when it was this slot's timer alone (the
+        cancellation is then taken back), False when someone else cancelled it too."""
+        return self.fired and self.task.uncancel() <= self.cancelling
 
 
-class _Bound:
-    """A ``with`` block entered in the loop's deadline watch (see :class:`Deadline`)."""
+class _Bound(_Slot):
+    """A ``with`` block, its own slot in the loop's deadline watch while entered (see
+    :class:`Deadline`): a call waiting holds one object for it, not two."""
 
-    __slots__ = ("_slot", "_watch")
+    __slots__ = ("_watch",)
 
-    _slot: _Slot | None
-    _watch: _DeadlineWatch
+    _watch: _DeadlineWatch | None  # None: not in the watch
+
+    def _enter(
+        self,
+        watch: _DeadlineWatch,
+        loop: asyncio.AbstractEventLoop,
+        task: asyncio.Task[Any],
+        ends: float,
+    ) -> None:
+        self.task = task
+        self.ends = ends
+        self.cancelling = task.cancelling()
+        self.fired = False
+        self._watch = watch
+        watch.enter(loop, self)
 
     def _left(self, kind: type[BaseException] | None) -> bool:
         """Leave the watch; True when the block ends by this bound's own cancellation (then
         taken back), False when it ended otherwise or someone else cancelled it too."""
-        slot = self._slot
-        if slot is None:
+        watch = self._watch
+        if watch is None:
             return False
-        self._slot = None
-        self._watch.leave(slot)
-        return kind is not None and issubclass(kind, asyncio.CancelledError) and slot.cut_off()
+        self._watch = None
+        watch.leave(self)
+        return kind is not None and issubclass(kind, asyncio.CancelledError) and self.cut_off()
 
 
 class Deadline(_Bound):
@@ -103,39 +122,40 @@ class Deadline(_Bound):
     outer bound of the same store and task that ends no later, it does nothing.
     """
 
-    __slots__ = ("_kv", "_token")
+    __slots__ = ("_kv", "_outer")
 
     def __init__(self, kv: KVStore) -> None:
         self._kv = kv
-        self._slot = None
+        self._watch = None
 
     def __enter__(self) -> None:
         kv = self._kv
         deadline = kv.deadline_seconds
         if deadline is None:
             return
-        loop = asyncio.get_running_loop()
-        ends = loop.time() + deadline
         task = asyncio.current_task()
-        running = _running_deadline.get()
-        if (
-            running is not None
-            and running[0] == id(kv)
-            and running[1] is task
-            and running[2] <= ends
-        ):
-            return  # already bounded by an outer call of this store, which ends first
         if task is None:  # pragma: no cover - always inside a task under asyncio.run
             return
-        self._token = _running_deadline.set((id(kv), task, ends))
-        self._watch = _DeadlineWatch.of(loop)
-        self._slot = self._watch.enter(loop, task, ends)
+        loop = task.get_loop()
+        ends = loop.time() + deadline
+        watch = _DeadlineWatch.of(loop)
+        outer = watch.running.get(task)
+        if outer is not None and outer[0] == id(kv) and outer[1] <= ends:
+            return  # already bounded by an outer call of this store, which ends first
+        self._outer = outer
+        watch.running[task] = (id(kv), ends)
+        self._enter(watch, loop, task, ends)
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: Any
     ) -> None:
-        if self._slot is not None:
-            _running_deadline.reset(self._token)
+        watch = self._watch
+        if watch is not None:
+            outer = self._outer
+            if outer is None:
+                watch.running.pop(self.task, None)
+            else:
+                watch.running[self.task] = outer
         if self._left(kind):
             deadline = self._kv.deadline_seconds
             raise BackendUnavailableError(
@@ -153,7 +173,7 @@ class TimeBound(_Bound):
 
     def __init__(self, seconds: float | None) -> None:
         self._seconds = seconds
-        self._slot = None
+        self._watch = None
 
     def __enter__(self) -> None:
         seconds = self._seconds
@@ -162,9 +182,8 @@ class TimeBound(_Bound):
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - always inside a task under asyncio.run
             return
-        loop = asyncio.get_running_loop()
-        self._watch = _DeadlineWatch.of(loop)
-        self._slot = self._watch.enter(loop, task, loop.time() + seconds)
+        loop = task.get_loop()
+        self._enter(_DeadlineWatch.of(loop), loop, task, loop.time() + seconds)
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: Any
@@ -200,23 +219,6 @@ async def within_seconds(seconds: float | None, call: Awaitable[T]) -> T:
         return await call
 
 
-class _Slot:
-    """One bounded call: its task, when it must end, and whether the watch cancelled it."""
-
-    __slots__ = ("cancelling", "ends", "fired", "task")
-
-    def __init__(self, task: asyncio.Task[Any], ends: float) -> None:
-        self.task = task
-        self.ends = ends
-        self.cancelling = task.cancelling()
-        self.fired = False
-
-    def cut_off(self) -> bool:
-        """On a cancellation of the task: True when it was this slot's timer alone (the
-        cancellation is then taken back), False when someone else cancelled it too."""
-        return self.fired and self.task.uncancel() <= self.cancelling
-
-
 class _DeadlineWatch:
     """The deadlines of one event loop, checked by one timer.
 
@@ -236,6 +238,14 @@ class _DeadlineWatch:
         # timer is known by its time and generation, never by its handle.
         self._loop = weakref.ref(loop)
         self.slots: set[_Slot] = set()
+        #: by task, the store (its id) and loop time of the innermost running ``Deadline``:
+        #: a call nested in another of the same store in the same task (a native port's
+        #: request inside the session layer's bounded call) that would end no earlier needs
+        #: no slot of its own. Kept here rather than in a context variable: a variable's
+        #: set makes three objects (token and mapping nodes) for the garbage collector to
+        #: walk while the call waits, and a task started inside a bounded call is not
+        #: covered by that call's slot anyway.
+        self.running: dict[asyncio.Task[Any], tuple[int, float]] = {}
         self.next_check: float | None = None
         self.generation = 0
 
@@ -258,14 +268,13 @@ class _DeadlineWatch:
         cls._last = (id(loop), watch._loop, watch)
         return watch
 
-    def enter(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], ends: float) -> _Slot:
-        slot = _Slot(task, ends)
+    def enter(self, loop: asyncio.AbstractEventLoop, slot: _Slot) -> None:
         self.slots.add(slot)
+        ends = slot.ends
         if self.next_check is None:
             self._arm(loop, min(ends, loop.time() + _WATCH_TICK))
         elif ends < self.next_check:
             self._arm(loop, ends)  # the earlier timer supersedes the armed one
-        return slot
 
     def leave(self, slot: _Slot) -> None:
         # The timer stays armed: it lapses at its next check when no call is left, so

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import os
 import random
@@ -235,9 +237,12 @@ class Turn:
         self._task: asyncio.Task[Any] | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._renew_timer: asyncio.TimerHandle | None = None
-        self._stop = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._done = asyncio.Event()
+        # Made when first needed (most turns need none of them): each is an object, and
+        # those of the turns in flight are what the garbage collector walks while they wait.
+        self._stop: asyncio.Event | None = None  # for a running renewer
+        self._stopped = False
+        self._lock: asyncio.Lock | None = None  # between a checkpoint and the renewer
+        self._done: asyncio.Event | None = None  # for a closing store
         self._failure: SessionError | ResourceClosedError | None = None
         self._cancel_requested = False
         self._exiting = False
@@ -266,6 +271,22 @@ class Turn:
         if self._finished or self._exiting:
             raise ResourceClosedError(detail=f"the turn on session {self.session_id!r} is over")
 
+    def _write_lock(self) -> asyncio.Lock:
+        """The lock between the turn's writes (a checkpoint, the renewer, the last write)."""
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = asyncio.Lock()
+        return lock
+
+    def _done_event(self) -> asyncio.Event:
+        """An event set when the turn has finished (set already if it has)."""
+        done = self._done
+        if done is None:
+            done = self._done = asyncio.Event()
+            if self._finished:
+                done.set()
+        return done
+
     async def locked(self, operation: Callable[[], Awaitable[T]]) -> T:
         """Run a state write under the turn's lock, to completion even if the caller is cancelled.
 
@@ -274,14 +295,11 @@ class Turn:
         """
 
         async def run() -> T:
-            async with self._lock:
+            async with self._write_lock():
                 self.check_usable()
                 return await operation()
 
-        future = asyncio.ensure_future(run())
-        # If the caller was cancelled, the outcome is still consumed (no "never retrieved").
-        future.add_done_callback(_consume)
-        return await asyncio.shield(future)
+        return await _shielded(asyncio.ensure_future(run()))
 
     # -- enter ----------------------------------------------------------------------------
 
@@ -303,18 +321,20 @@ class Turn:
 
     def _start_renewal(self) -> None:
         self._renew_timer = None
-        if self._stop.is_set():
+        if self._stopped:
             return
+        self._stop = asyncio.Event()
         self._renewer = asyncio.get_running_loop().create_task(
             self._renew_loop(sleep_first=False), name=f"agent-stores lease {self.session_id[:40]}"
         )
 
     async def _sleep_or_stop(self, seconds: float) -> bool:
         """Sleep ``seconds``; True when asked to stop meanwhile."""
+        assert self._stop is not None  # made with the renewer
         try:
             await asyncio.wait_for(self._stop.wait(), timeout=max(seconds, 0.0))
         except TimeoutError:
-            return self._stop.is_set()
+            return self._stopped
         return True
 
     def _must_stop_at(self, handle: LeaseHandle) -> float:
@@ -353,8 +373,8 @@ class Turn:
                 stop_at = self._must_stop_at(handle)
                 try:
                     async with asyncio.timeout_at(stop_at):
-                        async with self._lock:
-                            if self._stop.is_set():
+                        async with self._write_lock():
+                            if self._stopped:
                                 return
                             await self.storage.renew(handle)
                     break
@@ -412,7 +432,9 @@ class Turn:
         if self._cancel_requested and self._task is not None:
             outer_cancel = self._task.uncancel() > 0
         try:
-            self._stop.set()
+            self._stopped = True
+            if self._stop is not None:
+                self._stop.set()
             if self._renew_timer is not None:
                 self._renew_timer.cancel()
                 self._renew_timer = None
@@ -432,7 +454,7 @@ class Turn:
                 handle = self.handle
                 catalog = self.catalog
                 await self._retried_exit(
-                    lambda: self.storage.save_and_release(handle, replacement, catalog)
+                    functools.partial(self.storage.save_and_release, handle, replacement, catalog)
                 )
                 return False
             await self._release_quietly()
@@ -440,7 +462,8 @@ class Turn:
         finally:
             self._finished = True
             self.store._turn_finished(self)
-            self._done.set()
+            if self._done is not None:
+                self._done.set()
 
     async def _retried_exit(self, operation: Callable[[], Awaitable[None]]) -> None:
         """Run the turn's last write, retrying a transient failure while the lease lasts.
@@ -468,18 +491,26 @@ class Turn:
                 backoff = min(backoff * 2, 1.0)
 
     async def locked_exit(self, operation: Callable[[], Awaitable[None]]) -> None:
-        async def run() -> None:
-            async with self._lock:
-                await operation()
-
         eager = _EAGER_TASK
         if eager is not None and self.store.kv.capabilities.answers_inline:
             # Finished without a round of the event loop when nothing waits for I/O.
-            future = eager(asyncio.get_running_loop(), run())
+            future = eager(asyncio.get_running_loop(), self._exit_write(operation))
         else:
-            future = asyncio.ensure_future(run())
-        future.add_done_callback(_consume)
-        await asyncio.shield(future)
+            future = asyncio.ensure_future(self._exit_write(operation))
+        if future.done():  # eager, and finished already: nothing left to shield
+            future.result()
+            return
+        await _shielded(future)
+
+    async def _exit_write(self, operation: Callable[[], Awaitable[None]]) -> None:
+        lock = self._lock
+        if lock is None:
+            # No checkpoint or renewal ever wrote, and none can start now: the renewer is
+            # stopped and a checkpoint finds the turn exiting (under the lock).
+            await operation()
+            return
+        async with lock:
+            await operation()
 
     async def _release_quietly(self) -> None:
         assert self.handle is not None
@@ -608,7 +639,9 @@ class SessionStore(KVBackedStore):
             catalog_prefix=catalog_prefix,
         )
         self._active: set[Turn] = set()
-        self._queues: dict[str, tuple[asyncio.Lock, int]] = {}
+        # By session: the lock its tasks of this store queue on (None until a second one
+        # comes: most turns meet no other), and how many hold or wait for it.
+        self._queues: dict[str, tuple[asyncio.Lock | None, int]] = {}
         # Sessions this store had to wait for, and when it last released such a session
         # (event-loop time): taking a contended session straight back first looks for
         # clients queued for it (fair hand-over). Uncontended sessions never pay for it.
@@ -677,14 +710,12 @@ class SessionStore(KVBackedStore):
         self._check_open()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
-        lock = self._queue_enter(session_id)
+        lock = await self._queue_enter(session_id)
         try:
             try:
-                if self._queues[session_id][1] == 1:
-                    # Nobody else of this store holds or waits for it: taken at once, so no
-                    # timer is armed (one per turn otherwise).
-                    await lock.acquire()
-                else:
+                # None: nobody else of this store holds or waits for it, so it is the
+                # caller's at once (no lock, no timer).
+                if lock is not None:
                     async with asyncio.timeout_at(deadline):
                         await lock.acquire()
             except TimeoutError:
@@ -698,7 +729,7 @@ class SessionStore(KVBackedStore):
                     session_id, deadline, allow_recovery=allow_recovery, load_history=load_history
                 )
             except BaseException:
-                lock.release()
+                self._queue_unlock(session_id)
                 raise
         except BaseException:
             self._queue_leave(session_id)
@@ -854,12 +885,27 @@ class SessionStore(KVBackedStore):
         self._check_open()
         return await self.storage.queue(session_id)
 
-    def _queue_enter(self, session_id: str) -> asyncio.Lock:
+    async def _queue_enter(self, session_id: str) -> asyncio.Lock | None:
+        """Count the caller in the session's queue; the lock to wait for, or None when the
+        caller is alone (it holds the session at once)."""
         lock, users = self._queues.get(session_id, (None, 0))
+        if not users:
+            self._queues[session_id] = (None, 1)
+            return None
         if lock is None:
+            # The first holder took the session without a lock: made now and taken on its
+            # behalf (a free lock's acquire returns without suspending, so nothing runs
+            # in between).
             lock = asyncio.Lock()
+            await lock.acquire()
         self._queues[session_id] = (lock, users + 1)
         return lock
+
+    def _queue_unlock(self, session_id: str) -> None:
+        """The holder lets the session go to the next task of this store (if any)."""
+        lock, _ = self._queues[session_id]
+        if lock is not None:
+            lock.release()
 
     def _queue_leave(self, session_id: str) -> None:
         lock, users = self._queues[session_id]
@@ -870,8 +916,7 @@ class SessionStore(KVBackedStore):
 
     def _release_queue(self, session_id: str) -> None:
         self._note_released(session_id)
-        lock, _ = self._queues[session_id]
-        lock.release()
+        self._queue_unlock(session_id)
         self._queue_leave(session_id)
 
     def _turn_finished(self, turn: Turn) -> None:
@@ -1202,11 +1247,11 @@ class SessionStore(KVBackedStore):
         current = asyncio.current_task()
         others = [t for t in self._active if t._task is not current]
         if others:
-            waiters = [asyncio.ensure_future(t._done.wait()) for t in others]
+            waiters = [asyncio.ensure_future(t._done_event().wait()) for t in others]
             _, pending = await asyncio.wait(waiters, timeout=timeout)
             if pending:
                 for turn in others:
-                    if not turn._done.is_set():
+                    if not turn._done_event().is_set():
                         turn.interrupt(
                             ResourceClosedError(
                                 detail=f"session {turn.session_id!r}: the store closed while the "
@@ -1226,9 +1271,34 @@ class SessionStore(KVBackedStore):
 _EAGER_TASK: Callable[..., asyncio.Task[Any]] | None = getattr(asyncio, "eager_task_factory", None)
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
+#: The context of :func:`_settle` callbacks, which read no context variable: a callback
+#: added without one runs in a copy of the caller's, made per callback.
+_NO_CONTEXT = contextvars.Context()
+
+
+def _shielded(inner: asyncio.Future[T]) -> asyncio.Future[T]:
+    """``asyncio.shield(inner)``: a future settled as ``inner`` is, whose cancellation (the
+    caller's) leaves ``inner`` running; ``inner``'s outcome is retrieved either way (no
+    "never retrieved" warning). One callback where ``shield`` and a retrieving callback
+    add three, each with its own copy of the context: a turn's last write waits on it,
+    and what a waiting turn holds is what the garbage collector walks."""
+    outer: asyncio.Future[T] = inner.get_loop().create_future()
+    inner.add_done_callback(functools.partial(_settle, outer), context=_NO_CONTEXT)
+    return outer
+
+
+def _settle(outer: asyncio.Future[T], inner: asyncio.Future[T]) -> None:
+    if inner.cancelled():
+        if not outer.done():
+            outer.cancel()
+        return
+    error = inner.exception()
+    if outer.done():  # the caller was cancelled: nobody waits for the outcome
+        return
+    if error is not None:
+        outer.set_exception(error)
+    else:
+        outer.set_result(inner.result())
 
 
 def _positive(name: str, value: float) -> None:
