@@ -255,6 +255,11 @@ def marked_extra(header: StateHeader) -> dict[str, Any]:
     return {**header.extra, WRITE_MARK: random_hex(8)}
 
 
+def _expires_before(ref: ChunkRef, horizon: float) -> bool:
+    """Whether chunk ``ref`` expires before ``horizon`` (then a state written now copies it)."""
+    return ref.expires_at is not None and ref.expires_at < horizon
+
+
 @dataclass
 class _Refreshed:
     """Chunks after re-copying those that would expire before a state written now."""
@@ -639,7 +644,7 @@ class KVSessionStorage:
         horizon = None if self.ttl_seconds is None else now + self.ttl_seconds
         out = _Refreshed([], [], [], [])
         for ref in chunks:
-            due = horizon is not None and ref.expires_at is not None and ref.expires_at < horizon
+            due = horizon is not None and _expires_before(ref, horizon)
             if not due and not (unshare and ref.home is not None):
                 out.chunks.append(ref)
                 continue
@@ -1071,12 +1076,18 @@ class KVSessionStorage:
                 if release and handle.uncertain_release:
                     return  # the earlier release landed: the turn was saved and released
                 raise self._lost(handle)
-        refreshed = await self._refresh_chunks(
-            handle.session_id, handle.scope, header.chunks, self.clock()
-        )
-        if refreshed.written:
+        now = self.clock()
+        obsolete: Sequence[ChunkRef] = ()  # the chunks copied below, let go of once saved
+        if self.ttl_seconds is not None and any(
+            _expires_before(r, now + self.ttl_seconds) for r in header.chunks
+        ):
+            # Not asked when nothing is due: its result would be held through the write.
+            refreshed = await self._refresh_chunks(
+                handle.session_id, handle.scope, header.chunks, now
+            )
             header = replace(header, chunks=tuple(refreshed.chunks))
             writes = [*writes, *refreshed.writes]
+            obsolete = refreshed.obsolete
         if not marked:
             header = replace(header, extra=marked_extra(header))
         value = encode_state(header, tail)
@@ -1109,7 +1120,7 @@ class KVSessionStorage:
             handle.header = header
             handle.tail = tail
             self._remember_state(handle.scope, version, value, header)
-        self._discard_later(handle.session_id, handle.scope, refreshed.obsolete)
+        self._discard_later(handle.session_id, handle.scope, obsolete)
 
     async def _settle_conflict(
         self,
