@@ -427,3 +427,19 @@ def test_an_acquired_state_noted_here_is_not_taken_for_other_bytes() -> None:
     assert got == tail and header.lease == Lease("me", 8, 50.0, 20.0) and header.fence == 8
     assert acquired not in records._acquired_states  # taken once
     assert decode_state(acquired) == (header, tail)  # then read in full, the same
+
+
+def test_a_full_cache_of_encodings_evicts_its_oldest_entry_and_keeps_its_bound() -> None:
+    """The module's caches of header parts stay at their bound however many sessions a
+    process serves, each new entry evicting the oldest one (and only it)."""
+    from collections import OrderedDict
+
+    from agent_stores.sessions.records import _bounded_put
+
+    cache: OrderedDict[int, int] = OrderedDict()
+    for i in range(10):
+        _bounded_put(cache, 4, i, i * i)
+    assert list(cache.items()) == [(6, 36), (7, 49), (8, 64), (9, 81)]
+    cache[7] = 0  # an update keeps the entry's place
+    _bounded_put(cache, 4, 10, 100)
+    assert list(cache) == [7, 8, 9, 10]

@@ -30,6 +30,7 @@ import importlib.util
 import json
 import math
 import operator
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -192,8 +193,8 @@ def encode_state(header: StateHeader, tail: bytes) -> bytes:
 # adds one or two to them (refs are frozen, so their encoding cannot change). Entries hold
 # the refs, so no live ref can share an identity with a cached one: an equal key is the
 # same refs. Insertion-ordered, the oldest goes first past the bound.
-_chunk_lists: dict[tuple[int, ...], tuple[tuple[ChunkRef, ...], bytes]] = {}
-_chunk_refs: dict[int, tuple[ChunkRef, str]] = {}
+_chunk_lists: OrderedDict[tuple[int, ...], tuple[tuple[ChunkRef, ...], bytes]] = OrderedDict()
+_chunk_refs: OrderedDict[int, tuple[ChunkRef, str]] = OrderedDict()
 _CHUNK_LISTS_ENTRIES = 4096
 _CHUNK_REFS_ENTRIES = 16384
 
@@ -223,12 +224,18 @@ def _chunk_ref_json(c: ChunkRef) -> str:
     return text
 
 
-def _bounded_put(cache: dict[Any, Any], entries: int, key: Any, value: Any) -> None:
-    """``cache[key] = value``, the oldest entry evicted first past ``entries``."""
+def _bounded_put(cache: OrderedDict[Any, Any], entries: int, key: Any, value: Any) -> None:
+    """``cache[key] = value``, the oldest entry evicted first past ``entries``.
+
+    An ``OrderedDict`` evicts its oldest entry at once; a plain dict finds its first live
+    entry by skipping the deleted ones before it, thousands once a cache stays full (5 µs
+    a put at 16,384 entries instead of 0.15, several puts a turn in a process that has
+    served many sessions).
+    """
     if len(cache) >= entries:
         try:
-            del cache[next(iter(cache))]
-        except (RuntimeError, StopIteration, KeyError):  # another thread evicted meanwhile
+            cache.popitem(last=False)
+        except KeyError:  # another thread emptied it meanwhile
             pass
     cache[key] = value
 
@@ -256,7 +263,7 @@ class _KeptFields:
 # acquire of such a session reads the same bytes back behind a rewritten lease, so only
 # the few fields before them are parsed (the chunk list is most of a header's decode).
 # Insertion-ordered, the oldest entry goes first past the bound.
-_kept_decoded: dict[bytes, _KeptFields] = {}
+_kept_decoded: OrderedDict[bytes, _KeptFields] = OrderedDict()
 _KEPT_DECODED_ENTRIES = 4096
 
 
@@ -314,7 +321,7 @@ def _with_kept(
 # reply, and the entry goes with it. The reply holds the very bytes object made here, so
 # the lookup hashes nothing again (a bytes object keeps its hash). Bounded: a reply that
 # never comes back to be decoded (an error between) leaves its entry until evicted.
-_acquired_states: dict[bytes, tuple[StateHeader, bytes]] = {}
+_acquired_states: OrderedDict[bytes, tuple[StateHeader, bytes]] = OrderedDict()
 _ACQUIRED_STATES_ENTRIES = 256
 
 
