@@ -492,15 +492,16 @@ class RedisKV(KVStore):
         """
         if not self._cluster_ready:
             await self._ready()
-        argv = [*keys, *args]
         send = self._send_by_client if self._direct is None else self._direct.call
         try:
             # The first attempt sent from here, not through _attempts and _eval_once: each
             # coroutine between a task and its socket is resumed on every reply, and held
             # (with its arguments) for the garbage collector to walk while it waits.
-            return await send("EVALSHA", script.sha, len(keys), *argv), False
+            return await send("EVALSHA", script.sha, len(keys), *keys, *args), False
         except BaseException as exc:
             from redis.exceptions import NoScriptError
+
+            argv = [*keys, *args]
 
             if isinstance(exc, NoScriptError):
                 # The server lost its script cache (restart, failover, SCRIPT FLUSH): EVAL

@@ -25,6 +25,7 @@ stored layout, fencing and guarantees, the contract unchanged):
 from __future__ import annotations
 
 import json
+from collections.abc import Coroutine
 from typing import Any
 
 from agent_stores.backend import (
@@ -116,12 +117,18 @@ class RedisSessionPort:
             return AcquireReply("courtesy", retry_after=float(reply[1]))
         return GENERIC
 
-    async def save(self, request: SaveRequest) -> str:
+    def save(self, request: SaveRequest) -> Coroutine[Any, Any, str]:
         """Chunk parts and the fenced state in one atomic ``commit`` script; the state
         alone (most saves: nothing spilled) in the ``replace`` script, which is the same
-        write with less to pack, send and run."""
+        write with less to pack, send and run.
+
+        Not a coroutine function: it hands back the save's own coroutine, one level less
+        between the turn and its socket (each is resumed on every reply)."""
         if not request.chunks:
-            return await self._state_alone.save(request)
+            return self._state_alone.save(request)
+        return self._save_with_chunks(request)
+
+    async def _save_with_chunks(self, request: SaveRequest) -> str:
         ops: list[Operation] = [
             Create(f"{chunk.key}/{i}", part, request.chunk_ttl_seconds)
             for chunk in request.chunks

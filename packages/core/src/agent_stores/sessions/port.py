@@ -186,13 +186,16 @@ class KVSessionPort:
         """Chunk parts first (in parallel), then one CAS on ``state``."""
         # A bad TTL of the state must not leave the chunk parts written before it.
         _check_save_ttls(self.kv, request)
-        creates = [
-            self._create_part(request.scope, f"{c.key}/{i}", part, request.chunk_ttl_seconds)
-            for c in request.chunks
-            for i, part in enumerate(c.parts)
-        ]
-        if creates:
-            await asyncio.gather(*creates)
+        if request.chunks:  # most saves have none: nothing made for them, nothing held
+            await asyncio.gather(
+                *(
+                    self._create_part(
+                        request.scope, f"{c.key}/{i}", part, request.chunk_ttl_seconds
+                    )
+                    for c in request.chunks
+                    for i, part in enumerate(c.parts)
+                )
+            )
         return await self.kv.replace(
             request.scope,
             STATE_KEY,

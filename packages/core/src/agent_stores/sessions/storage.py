@@ -1038,7 +1038,7 @@ class KVSessionStorage:
         self, scope: str, value: bytes, expected_version: str, writes: Sequence[ChunkWrite]
     ) -> SaveRequest:
         return SaveRequest(
-            scope, value, expected_version, self.ttl_seconds, self.chunk_ttl, list(writes)
+            scope, value, expected_version, self.ttl_seconds, self.chunk_ttl, tuple(writes)
         )
 
     async def _cas_state(
