@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 from agent_stores import ConflictError, InvalidIdError, open_kv
-from agent_stores.kv import Check, Create
+from agent_stores.kv import Check, Create, Delete
 from agent_stores_postgres.config import DEFAULT_MAX_VALUE_BYTES
 from agent_stores_postgres.kv import PostgresKV
 from agent_stores_postgres.schema import TableNames
@@ -173,6 +173,45 @@ async def test_commit_check_absent_leaves_no_placeholder(
         with pytest.raises(ConflictError):
             await kv.commit("c", [Check("z", None), Create("b", b"2")])
         assert count_rows(admin, schema_name) == 1
+
+
+async def test_commit_of_unconditional_deletes_is_one_statement_deleting_each_key(
+    schema_url: str, schema_name: str, admin: psycopg.Connection[Any]
+) -> None:
+    """A commit of unconditional deletes only (the chunk cleanup's) deletes every key it
+    names, present, expired or absent, in one statement, and nothing else; a commit with
+    any other operation is still its transaction of one statement per operation."""
+    async with open_kv(with_options(schema_url, purge_interval="0")) as kv:
+        assert isinstance(kv, PostgresKV)
+        await kv.commit("d", [Create(f"k{i}", b"v") for i in range(5)])
+        await kv.commit("d", [Create("short", b"v", ttl=0.05)])
+        await kv.commit("other", [Create("k0", b"v")])
+        await asyncio.sleep(0.1)  # "short" has expired, its row is still there
+        sent: list[bytes] = []
+        execute = psycopg.AsyncCursor.execute
+
+        async def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(query if isinstance(query, bytes) else str(query).encode())
+            return await execute(self, query, *args, **kwargs)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(psycopg.AsyncCursor, "execute", counted)
+            deletes = [Delete(k) for k in ("k1", "k3", "short", "never-written")]
+            assert await kv.commit("d", deletes) == [None] * 4
+        assert len([q for q in sent if q.lstrip().upper().startswith(b"DELETE")]) == 1
+        assert sorted((await kv.get_many("d", [f"k{i}" for i in range(5)])).keys()) == [
+            "k0",
+            "k2",
+            "k4",
+        ]
+        assert await kv.get("other", "k0") is not None
+        assert count_rows(admin, schema_name) == 4  # d/k0, d/k2, d/k4, other/k0
+        version = (await kv.get("d", "k0")).version  # type: ignore[union-attr]
+        with pytest.raises(ConflictError):
+            await kv.commit("d", [Delete("k2"), Delete("k0", "not-its-version")])
+        assert await kv.get("d", "k2") is not None  # the failed commit deleted nothing
+        await kv.commit("d", [Delete("k2"), Delete("k0", version)])
+        assert await kv.get_many("d", ["k0", "k2"]) == {}
 
 
 def test_limits_documented_default() -> None:

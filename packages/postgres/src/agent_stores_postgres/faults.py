@@ -22,8 +22,8 @@ Faults (name → kind):
   cancelled (the call's deadline), which closes the connection.
 
 Operations (for :meth:`~agent_stores.faults.BaseFaultInjector.arm`): ``statement`` (an
-autocommit statement: every primitive except ``commit``, and every native port
-statement), ``transaction`` (a request inside a transaction block), ``pipeline`` (a
+autocommit statement: every primitive except ``commit``, a ``commit`` of unconditional
+deletes only, and every native port statement), ``transaction`` (a request inside a transaction block), ``pipeline`` (a
 request of a pipelined ``commit``).
 """
 

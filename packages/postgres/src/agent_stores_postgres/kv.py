@@ -144,6 +144,9 @@ class _Statements:
             "WHERE scope = %s AND key = %s AND version = %s AND " + _LIVE
         )
         self.delete_any = q("DELETE FROM {kv} WHERE scope = %s AND key = %s RETURNING " + _LIVE)
+        # A commit of unconditional deletes only (chunk cleanup): each always succeeds, so
+        # one statement does them all, atomically, instead of one each.
+        self.delete_keys = q("DELETE FROM {kv} WHERE scope = %s AND key = ANY(%s)")
         self.delete_version = q(
             "DELETE FROM {kv} WHERE scope = %s AND key = %s AND version = %s RETURNING " + _LIVE
         )
@@ -777,9 +780,14 @@ class PostgresKV(KVStore):
         placeholders: dict[int, str],
         now: float,
     ) -> None:
+        s = self._sql
+        if all(isinstance(op, Delete) and op.expected_version is None for op in ops):
+            # Its rows are locked in the order the server finds them: a deadlock with
+            # another commit is detected and this one run again (see _commit).
+            await conn.execute(s.delete_keys, (scope, [op.key for op in ops]))
+            return
         # Lock rows in one global order (key bytes) so concurrent commits cannot deadlock.
         order = sorted(range(len(ops)), key=lambda i: ops[i].key.encode())
-        s = self._sql
         async with conn.pipeline() as pipeline, conn.transaction():
             cursors: list[tuple[int, AsyncCursor[Any]]] = []
             for i in order:
