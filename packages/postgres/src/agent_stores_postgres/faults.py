@@ -23,8 +23,8 @@ Faults (name → kind):
 
 Operations (for :meth:`~agent_stores.faults.BaseFaultInjector.arm`): ``statement`` (an
 autocommit statement: every primitive except ``commit``, a ``commit`` of unconditional
-deletes only, and every native port statement), ``transaction`` (a request inside a transaction block), ``pipeline`` (a
-request of a pipelined ``commit``).
+deletes only, and every native port statement), ``transaction`` (a request inside a
+transaction block), ``pipeline`` (a request of a pipelined ``commit``).
 """
 
 from __future__ import annotations

@@ -463,16 +463,19 @@ class RedisKV(KVStore):
     async def _eval_once(self, script: lua.Script, argv: list[Any], numkeys: int) -> Any:
         from redis.exceptions import NoScriptError
 
-        # On the store's own connections when it has them (see .direct), else through the
-        # client; chosen here, not in a forwarding coroutine: each level of the await
-        # chain is resumed on every reply.
-        send = self._send_by_client if self._direct is None else self._direct.call
+        send = self._script_sender()
         try:
             return await send("EVALSHA", script.sha, numkeys, *argv)
         except NoScriptError:
             # The server lost its script cache (restart, failover, SCRIPT FLUSH): EVAL runs
             # the script and caches it again, so the next call by SHA works.
             return await send("EVAL", script.source, numkeys, *argv)
+
+    def _script_sender(self) -> Callable[..., Awaitable[Any]]:
+        """What sends a script command: the store's own connections when it has them (see
+        .direct), else the client. Chosen by the caller, not in a forwarding coroutine:
+        each level of the await chain is resumed on every reply."""
+        return self._send_by_client if self._direct is None else self._direct.call
 
     async def _send_by_client(self, *args: Any) -> Any:
         """One script command, its raw reply, through the client's ``execute_command``."""
@@ -492,7 +495,7 @@ class RedisKV(KVStore):
         """
         if not self._cluster_ready:
             await self._ready()
-        send = self._send_by_client if self._direct is None else self._direct.call
+        send = self._script_sender()
         try:
             # The first attempt sent from here, not through _attempts and _eval_once: each
             # coroutine between a task and its socket is resumed on every reply, and held
@@ -502,10 +505,9 @@ class RedisKV(KVStore):
             from redis.exceptions import NoScriptError
 
             argv = [*keys, *args]
-
             if isinstance(exc, NoScriptError):
-                # The server lost its script cache (restart, failover, SCRIPT FLUSH): EVAL
-                # runs the script and caches it again, so the next call by SHA works.
+                # The script cache was lost (see _eval_once): straight to EVAL, not by
+                # SHA again.
                 return await self._attempts(
                     send, "EVAL", script.source, len(keys), *argv, resend=resend
                 )

@@ -85,6 +85,20 @@ class _Bound(_Slot):
 
     _watch: _DeadlineWatch | None  # None: not in the watch
 
+    @staticmethod
+    def _starting(
+        seconds: float | None,
+    ) -> tuple[asyncio.Task[Any], asyncio.AbstractEventLoop, float] | None:
+        """The current task, its loop and the loop time a bound of ``seconds`` from now
+        ends at; None when there is no bound (``seconds`` None, or outside a task)."""
+        if seconds is None:
+            return None
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - always inside a task under asyncio.run
+            return None
+        loop = task.get_loop()
+        return task, loop, loop.time() + seconds
+
     def _enter(
         self,
         watch: _DeadlineWatch,
@@ -130,14 +144,10 @@ class Deadline(_Bound):
 
     def __enter__(self) -> None:
         kv = self._kv
-        deadline = kv.deadline_seconds
-        if deadline is None:
+        starting = self._starting(kv.deadline_seconds)
+        if starting is None:
             return
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - always inside a task under asyncio.run
-            return
-        loop = task.get_loop()
-        ends = loop.time() + deadline
+        task, loop, ends = starting
         watch = _DeadlineWatch.of(loop)
         outer = watch.running.get(task)
         if outer is not None and outer[0] == id(kv) and outer[1] <= ends:
@@ -176,14 +186,10 @@ class TimeBound(_Bound):
         self._watch = None
 
     def __enter__(self) -> None:
-        seconds = self._seconds
-        if seconds is None:
-            return
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - always inside a task under asyncio.run
-            return
-        loop = task.get_loop()
-        self._enter(_DeadlineWatch.of(loop), loop, task, loop.time() + seconds)
+        starting = self._starting(self._seconds)
+        if starting is not None:
+            task, loop, ends = starting
+            self._enter(_DeadlineWatch.of(loop), loop, task, ends)
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: Any

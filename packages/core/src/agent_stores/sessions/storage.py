@@ -1078,9 +1078,8 @@ class KVSessionStorage:
                 raise self._lost(handle)
         now = self.clock()
         obsolete: Sequence[ChunkRef] = ()  # the chunks copied below, let go of once saved
-        if self.ttl_seconds is not None and any(
-            _expires_before(r, now + self.ttl_seconds) for r in header.chunks
-        ):
+        horizon = None if self.ttl_seconds is None else now + self.ttl_seconds
+        if horizon is not None and any(_expires_before(r, horizon) for r in header.chunks):
             # Not asked when nothing is due: its result would be held through the write.
             refreshed = await self._refresh_chunks(
                 handle.session_id, handle.scope, header.chunks, now
