@@ -116,6 +116,40 @@ async def test_cold_turn_is_two_round_trips(schema_url: str, proxy: FaultProxy) 
     assert per_turn == [2] * 5
 
 
+async def test_warm_acquire_overtaken_costs_one_round_trip_more_once(
+    schema_url: str, proxy: FaultProxy
+) -> None:
+    """A store whose last acquire of a session was warm sends the warm write alone first;
+    when another store wrote in between, that matches nothing and the full statement
+    follows (3 round trips for that turn, the other store's messages read), and the
+    session's next acquires there send the full statement at once (2 round trips)."""
+    stores = []
+    for _ in range(2):
+        kv = open_kv(proxied_url(schema_url, proxy))
+        await kv.setup()
+        stores.append(SessionStore(kv, owns_kv=True, fanout=64, tail_bytes=600))
+    a, b = stores
+    per_turn: list[int] = []
+    try:
+        async with a.turn("overtaken") as session:
+            session.replace(pair("h0"))
+        expected = 2
+        for store in [a, a, a, b, a, b, a, a, a]:
+            before = proxy.requests
+            async with store.turn("overtaken") as session:
+                assert len(session.messages) == expected
+                assert texts(session.messages)[-1] == f"a:{'h0' if expected == 2 else expected - 2}"
+                session.replace([*session.messages, *pair(str(expected))])
+            per_turn.append(proxy.requests - before)
+            expected += 2
+    finally:
+        for store in stores:
+            await store.aclose()
+    # a: full (found warm), warm, warm; b: full; a: the warm write misses, then full;
+    # b, a, a: full (the last of them found it warm); a: warm
+    assert per_turn == [2, 2, 2, 2, 3, 2, 2, 2, 2]
+
+
 async def test_cold_store_loads_chunked_history(schema_url: str) -> None:
     """A history spilled into many chunks (small tail, merges) written by one store is read whole by a fresh one."""
     options: dict[str, Any] = {"tail_bytes": 600, "fanout": 3}

@@ -1,4 +1,5 @@
-"""The native session port on PostgreSQL: a turn in two statements, warm or cold.
+"""The native session port on PostgreSQL: a turn in two statements, warm or cold (three
+once when another client writes a session this store last acquired warm).
 
 :class:`PostgresSessionPort` implements :class:`~agent_stores.sessions.SessionPort`; the
 store is the core's :class:`~agent_stores.sessions.SessionStore` with this port (same
@@ -19,9 +20,13 @@ stored layout and fencing rules, the contract unchanged):
     together with every history chunk part whose chunk the request does not list as held
     (the client lists the chunks it has cached, so a cold turn costs the same one
     statement and receives only what it lacks). An absent (or expired) session is created
-    in the same statement. Anything unusual — a recovery marker, chunks that need
-    re-copying before the TTL, a header the server cannot read or that is not in the layout
-    ``encode_state`` writes, a new state over ``max_value_bytes`` — is answered ``GENERIC``.
+    in the same statement. When this store's last acquire of the session was warm, the
+    warm write is first sent alone (``_ACQUIRE_WARM``: the server plans and runs the full
+    statement whole even for that write); if it matches nothing (another client wrote,
+    or one waits), the full statement follows. Anything unusual — a recovery marker,
+    chunks that need re-copying before the TTL, a header the server cannot read or that
+    is not in the layout ``encode_state`` writes, a new state over ``max_value_bytes`` —
+    is answered ``GENERIC``.
 
 ``save`` — new history chunks are inserted by the same statement that swaps the state
     (``UPDATE … WHERE version = <fence>`` in a CTE, chunks inserted only if it matched):
@@ -55,11 +60,15 @@ from agent_stores.backend import (
     new_version,
 )
 from agent_stores.errors import ConfigError, ConflictError
+from agent_stores.lru import LRU
 from psycopg import AsyncConnection, sql
 
 from .kv import PostgresKV
 from .numbered import NumberedStatement
 from .pool import write_cursor
+
+#: Sessions remembered as acquired warm last (see ``PostgresSessionPort``).
+_WARM_LAST_ENTRIES = 4096
 
 #: The second fence field of an acquired header (the lease's; the first ends HEADER_START).
 _LEASE_FENCE = b',"fence":'
@@ -222,6 +231,20 @@ WHERE %(load)s AND k.scope = %(scope)s
       WHERE dec.decision = 'acquire' AND NOT (%(cached)s::jsonb ? (ref->>0))))
 """
 
+#: The warm acquire alone: the state this store wrote last swapped for the acquired state
+#: the client built from it, while still stored, live, and no client waits (the full
+#: statement's ``known`` decision, without its reads of the header and chunks).
+_ACQUIRE_WARM: LiteralString = """
+UPDATE {kv}
+SET value = %(warm)s, version = %(version)s, expires_at = %(expires_at)s::float8
+WHERE scope = %(scope)s AND key = %(state)s AND version = %(known)s
+  AND (expires_at IS NULL OR expires_at > %(now)s)
+  AND NOT EXISTS (
+      SELECT 1 FROM {kv}
+      WHERE scope = %(scope)s AND key = %(waiter)s
+        AND (expires_at IS NULL OR expires_at > %(now)s))
+"""
+
 #: The fenced swap of the state: every save's, alone when it spilled no chunk.
 _SAVE_STATE: LiteralString = """
 UPDATE {kv}
@@ -275,6 +298,12 @@ class PostgresSessionPort:
         self.kv = kv
         # Over psycopg's 4 KiB cache limit for converted statements: converted once here.
         self._acquire = NumberedStatement(sql.SQL(_ACQUIRE).format(kv=kv.names.kv).as_bytes(None))
+        self._acquire_warm_sql = sql.SQL(_ACQUIRE_WARM).format(kv=kv.names.kv).as_bytes(None)
+        # The sessions whose last acquire here was warm: the next sends the warm statement
+        # alone, falling back to the full one when another client wrote since. Any other
+        # session's sends the full statement at once, so a session that passes between
+        # clients keeps its one statement per acquire.
+        self._warm_last: LRU[str, bool] = LRU(_WARM_LAST_ENTRIES)
         self._save_sql = sql.SQL(_SAVE).format(kv=kv.names.kv).as_bytes(None)
         self._save_state_sql = sql.SQL(_SAVE_STATE).format(kv=kv.names.kv).as_bytes(None)
         self._save_one_part_sql = sql.SQL(_SAVE_ONE_PART).format(kv=kv.names.kv).as_bytes(None)
@@ -287,16 +316,23 @@ class PostgresSessionPort:
         # The KV reads and writes the generic acquire makes: state and hint, then the state.
         kv.check_ids(request.scope, STATE_KEY)
         kv.check_ids(request.scope, WAITER_KEY)
-        now = request.now
+        now, scope = request.now, request.scope
         expires_at = kv.expires_at(request.ttl_seconds, now)
+        warm = known_acquired_state(request, kv.limits.max_value_bytes)
+        version = new_version()
+        if (
+            warm is not None
+            and self._warm_last.get(scope) is not None
+            and await self._acquire_warm(request, warm, version, expires_at)
+        ):
+            return AcquireReply("acquired", version=version, state=warm)
+        self._warm_last.pop(scope)
         fresh = request.fresh_state()
         if len(fresh) > kv.limits.max_value_bytes:
             return GENERIC  # the generic create refuses it (an owner id of many kilobytes)
         middle, end = _acquired_header_around_fence(request.owner, request.lease_end, now)
-        warm = known_acquired_state(request, kv.limits.max_value_bytes)
-        version = new_version()
         params: dict[str, Any] = {
-            "scope": request.scope,
+            "scope": scope,
             "state": STATE_KEY,
             "waiter": WAITER_KEY,
             "now": now,
@@ -344,6 +380,7 @@ class PostgresSessionPort:
             return AcquireReply("courtesy", retry_after=max(float(retry_after), 0.0))
         if decision == "known" and value is not None:
             assert warm is not None  # "known" is only decided when it was sent
+            self._warm_last.set(scope, True)
             return AcquireReply("acquired", version=version, state=warm)
         if decision not in (None, "acquire"):
             return GENERIC
@@ -353,6 +390,29 @@ class PostgresSessionPort:
             return AcquireReply("busy")
         parts = {r[2]: bytes(r[3]) for r in rows or () if r[0] == "chunk"}
         return AcquireReply("acquired", version=version, state=bytes(value), parts=parts)
+
+    async def _acquire_warm(
+        self, request: AcquireRequest, warm: bytes, version: str, expires_at: float | None
+    ) -> bool:
+        """The warm acquire's statement alone (:data:`_ACQUIRE_WARM`); False when the
+        stored state is not ``request.known`` any more, or a client waits."""
+        assert request.known is not None
+        params = {
+            "warm": warm,
+            "version": version,
+            "expires_at": expires_at,
+            "scope": request.scope,
+            "state": STATE_KEY,
+            "known": request.known.version,
+            "now": request.now,
+            "waiter": WAITER_KEY,
+        }
+        statement = self._acquire_warm_sql
+
+        async def run(conn: AsyncConnection[Any]) -> int:
+            return (await write_cursor(conn).execute(statement, params)).rowcount
+
+        return await self.kv.run_native_write("session acquire", run) == 1
 
     async def save(self, request: SaveRequest) -> str:
         """The chunk parts and the fenced state swap in one statement (one commit); the swap
