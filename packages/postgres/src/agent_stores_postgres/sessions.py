@@ -40,6 +40,7 @@ the stored bytes for a save).
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 from typing import Any, LiteralString
 
@@ -304,6 +305,7 @@ class PostgresSessionPort:
         # session's sends the full statement at once, so a session that passes between
         # clients keeps its one statement per acquire.
         self._warm_last: OrderedDict[str, None] = OrderedDict()  # the newest last
+        self._warm_lock = threading.Lock()  # a store may serve several threads' loops
         self._save_sql = sql.SQL(_SAVE).format(kv=kv.names.kv).as_bytes(None)
         self._save_state_sql = sql.SQL(_SAVE_STATE).format(kv=kv.names.kv).as_bytes(None)
         self._save_one_part_sql = sql.SQL(_SAVE_ONE_PART).format(kv=kv.names.kv).as_bytes(None)
@@ -326,7 +328,9 @@ class PostgresSessionPort:
             and await self._acquire_warm(request, warm, version, expires_at)
         ):
             return AcquireReply("acquired", version=version, state=warm)
-        self._warm_last.pop(scope, None)
+        if scope in self._warm_last:
+            with self._warm_lock:
+                self._warm_last.pop(scope, None)
         fresh = request.fresh_state()
         if len(fresh) > kv.limits.max_value_bytes:
             return GENERIC  # the generic create refuses it (an owner id of many kilobytes)
@@ -393,10 +397,11 @@ class PostgresSessionPort:
 
     def _note_warm(self, scope: str) -> None:
         warm = self._warm_last
-        warm[scope] = None
-        warm.move_to_end(scope)
-        if len(warm) > _WARM_LAST_ENTRIES:
-            warm.popitem(last=False)
+        with self._warm_lock:
+            warm[scope] = None
+            warm.move_to_end(scope)
+            if len(warm) > _WARM_LAST_ENTRIES:
+                warm.popitem(last=False)
 
     async def _acquire_warm(
         self, request: AcquireRequest, warm: bytes, version: str, expires_at: float | None
