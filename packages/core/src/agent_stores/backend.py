@@ -51,6 +51,7 @@ from .kv.base import (
     within_deadline,
     within_seconds,
 )
+from .lru import LRU
 from .url import MASK, StoreURL, URLOption, URLOptions, check_options, redact
 
 if TYPE_CHECKING:
@@ -212,6 +213,7 @@ __all__ = [
     "GENERIC_ONLY",
     "HEADER_START",
     "KEPT_FIELDS",
+    "LRU",
     "MARKER_VALUE",
     "MASK",
     "MIN_VALUE_BYTES",

@@ -40,8 +40,6 @@ the stored bytes for a save).
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from typing import Any, LiteralString
 
 import psycopg
@@ -51,6 +49,7 @@ from agent_stores.backend import (
     GENERIC,
     HEADER_START,
     KEPT_FIELDS,
+    LRU,
     STATE_KEY,
     WAITER_KEY,
     AcquireReply,
@@ -304,8 +303,7 @@ class PostgresSessionPort:
         # alone, falling back to the full one when another client wrote since. Any other
         # session's sends the full statement at once, so a session that passes between
         # clients keeps its one statement per acquire.
-        self._warm_last: OrderedDict[str, None] = OrderedDict()  # the newest last
-        self._warm_lock = threading.Lock()  # a store may serve several threads' loops
+        self._warm_last: LRU[str, bool] = LRU(_WARM_LAST_ENTRIES)
         self._save_sql = sql.SQL(_SAVE).format(kv=kv.names.kv).as_bytes(None)
         self._save_state_sql = sql.SQL(_SAVE_STATE).format(kv=kv.names.kv).as_bytes(None)
         self._save_one_part_sql = sql.SQL(_SAVE_ONE_PART).format(kv=kv.names.kv).as_bytes(None)
@@ -324,13 +322,11 @@ class PostgresSessionPort:
         version = new_version()
         if (
             warm is not None
-            and scope in self._warm_last
+            and self._warm_last.get(scope) is not None
             and await self._acquire_warm(request, warm, version, expires_at)
         ):
             return AcquireReply("acquired", version=version, state=warm)
-        if scope in self._warm_last:
-            with self._warm_lock:
-                self._warm_last.pop(scope, None)
+        self._warm_last.pop(scope)
         fresh = request.fresh_state()
         if len(fresh) > kv.limits.max_value_bytes:
             return GENERIC  # the generic create refuses it (an owner id of many kilobytes)
@@ -384,7 +380,7 @@ class PostgresSessionPort:
             return AcquireReply("courtesy", retry_after=max(float(retry_after), 0.0))
         if decision == "known" and value is not None:
             assert warm is not None  # "known" is only decided when it was sent
-            self._note_warm(scope)
+            self._warm_last.set(scope, True)
             return AcquireReply("acquired", version=version, state=warm)
         if decision not in (None, "acquire"):
             return GENERIC
@@ -394,14 +390,6 @@ class PostgresSessionPort:
             return AcquireReply("busy")
         parts = {r[2]: bytes(r[3]) for r in rows or () if r[0] == "chunk"}
         return AcquireReply("acquired", version=version, state=bytes(value), parts=parts)
-
-    def _note_warm(self, scope: str) -> None:
-        warm = self._warm_last
-        with self._warm_lock:
-            warm[scope] = None
-            warm.move_to_end(scope)
-            if len(warm) > _WARM_LAST_ENTRIES:
-                warm.popitem(last=False)
 
     async def _acquire_warm(
         self, request: AcquireRequest, warm: bytes, version: str, expires_at: float | None
