@@ -14,7 +14,7 @@ class TestFirestoreRequestBudget(RequestBudgetTests):
     backend = "firestore"
     page = Path(__file__).resolve().parents[3] / "docs" / "requests.md"
     budget = {
-        "turn, warm (this client wrote last)": 3,
+        "turn, warm (this client wrote last)": 2,
         "turn, cold (another client wrote last)": 3,
         "memory write with receipt": 1,
         "memory read": 1,

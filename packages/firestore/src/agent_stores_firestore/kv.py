@@ -1009,11 +1009,40 @@ class FirestoreKV(KVStore):
         )
         return versions[: len(plain)]
 
+    async def commit_as_expected(self, scope: str, ops: Sequence[Operation]) -> list[str | None]:
+        """:meth:`commit` in one ``Commit`` whose preconditions come from the operations
+        alone, and nothing more: when one fails it raises
+        :class:`~agent_stores.errors.ConflictError` at once (``index`` None), nothing read
+        and nothing written, where :meth:`commit` reads the documents and decides on them
+        (a document that expired but is still stored counts as absent there, and fails
+        here). For native ports with a fallback of their own: the session port's warm
+        acquire, which the core's generic path follows when it fails.
+
+        A reply lost in flight is settled as :meth:`commit` settles it (the write's nonce
+        read back): a commit that landed is never reported as a conflict."""
+        self.check_open()
+        self.check_scope(scope)
+        for op in ops:
+            self.check_ids(scope, op.key)
+            if isinstance(op, Create | Replace):
+                self.check_value(scope, op.key, op.value)
+        commit = self._commit_across(
+            [scope] * len(ops), list(ops), self.clock(), decide_on_stored=False
+        )
+        return await within_deadline(self, commit)
+
     async def _commit_across(
-        self, scopes: list[str], ops: list[Operation], now: float
+        self,
+        scopes: list[str],
+        ops: list[Operation],
+        now: float,
+        *,
+        decide_on_stored: bool = True,
     ) -> list[str | None]:
         """Commit ``ops[i]`` on ``scopes[i]`` all-or-nothing (``_Ensure`` ones last, with no
-        version in the result when left as they were)."""
+        version in the result when left as they were); ``decide_on_stored`` False: a failed
+        precondition raises ConflictError instead of reading the documents and trying again
+        (:meth:`commit_as_expected`)."""
         if len(ops) > MAX_BATCH_WRITES:
             raise UnsupportedError(
                 detail=f"firestore commits at most {MAX_BATCH_WRITES} operations at once"
@@ -1039,6 +1068,8 @@ class FirestoreKV(KVStore):
             try:
                 _, expiries = self._build_batch(scopes, ops, refs, nonces, now, state)
             except _DecideOnStoredState:
+                if not decide_on_stored:
+                    raise ConflictError("version mismatch", scope=scopes[0]) from None
                 state = await self._read_all(refs)
                 continue
             # A batch that creates a document is never re-sent blindly (see _Attempt).
@@ -1070,6 +1101,8 @@ class FirestoreKV(KVStore):
                     # It may have landed and been changed since: sending it again could
                     # apply it twice, and a conflict may be our own write's.
                     raise self._outcome_unknown("commit", scopes[0], ops[0].key) from None
+                if not decide_on_stored:
+                    raise ConflictError("a precondition failed", scope=scopes[0]) from None
                 state = await self._read_all(refs)
                 continue
             # Skipped ``_Ensure`` documents come last: the results are the ops' first

@@ -3,8 +3,8 @@
 Importing this module must stay cheap: it never imports google-cloud-firestore. The
 factory is an import string resolved only when a ``firestore://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if the Firestore library is already
-imported (a client object cannot exist otherwise). Sessions use the generic KV-built
-store; a memory write commits its record, receipt index entry and directory markers in
+imported (a client object cannot exist otherwise). A warm session turn takes its lease in
+one Commit (:func:`session_port`, :mod:`~agent_stores_firestore.sessions`); a memory write commits its record, receipt index entry and directory markers in
 one Commit (:func:`memory_port`, the core's transaction port over
 :meth:`FirestoreKV.transact`), and search by meaning runs on the native vector port
 (:mod:`~agent_stores_firestore.vectors`, ``find_nearest``); the checkpointer appends to a
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         JournalPort,
         KVStore,
         MemoryPort,
+        SessionPort,
         StoreURL,
         VectorPort,
     )
@@ -64,6 +65,16 @@ def _is_firestore(kv: KVStore) -> TypeGuard[FirestoreKV]:
     only once that module was imported)."""
     kv_module = sys.modules.get("agent_stores_firestore.kv")
     return kv_module is not None and isinstance(kv, kv_module.FirestoreKV)
+
+
+@hookimpl
+def session_port(kv: KVStore) -> SessionPort | None:
+    """The native session port (two requests per warm turn) for a Firestore KV."""
+    if not _is_firestore(kv):
+        return None
+    from .sessions import FirestoreSessionPort
+
+    return FirestoreSessionPort(kv)
 
 
 @hookimpl
