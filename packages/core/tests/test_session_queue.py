@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+import pytest
 from agent_stores.backends.memory import MemoryKV
 from agent_stores.kv.base import Entry, Operation, ScanItem
 from agent_stores.kv.counting import CountingKV
-from agent_stores.sessions import SessionStore
-from agent_stores.sessions.records import QUEUE_PREFIX
+from agent_stores.sessions import SessionBusyError, SessionStore
+from agent_stores.sessions.records import QUEUE_PREFIX, WAITER_KEY
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
 
 
@@ -151,3 +152,47 @@ async def test_a_waiter_on_a_slow_backend_is_not_starved_by_a_looping_holder() -
     # The looping store releases and asks again at once; the waiter gets the next turn or
     # the one after (it may arrive just after a release), never only once the loop ends.
     assert order.index("b") <= 2, order
+
+
+async def _hint(kv: MemoryKV, store: SessionStore, session_id: str) -> bytes | None:
+    entry = await kv.get(store.storage.scope_for(session_id), WAITER_KEY)
+    return None if entry is None else entry.value
+
+
+async def test_a_waiter_that_gives_up_withdraws_its_hint() -> None:
+    kv = MemoryKV()
+    async with (
+        SessionStore(kv) as holder,
+        SessionStore(kv) as waiter,
+        holder.turn("s") as session,
+    ):
+        session.replace(pair("a"))
+        with pytest.raises(SessionBusyError):
+            async with waiter.turn("s", timeout_seconds=0.3):
+                pass
+        await waiter.storage.drain()
+        assert await _hint(kv, holder, "s") is None
+        # Cancelled while waiting: the same.
+        task = asyncio.ensure_future(waiter.turn("s", timeout_seconds=30).__aenter__())
+        for _ in range(200):
+            if await _hint(kv, holder, "s") == waiter.store_id.encode():
+                break
+            await asyncio.sleep(0.01)
+        assert await _hint(kv, holder, "s") == waiter.store_id.encode()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await waiter.storage.drain()
+        assert await _hint(kv, holder, "s") is None
+
+
+async def test_a_withdrawn_hint_leaves_another_stores_hint_alone() -> None:
+    kv = MemoryKV()
+    async with SessionStore(kv) as one, SessionStore(kv) as two:
+        assert await one.storage.note_waiting("s")
+        assert await two.storage.note_waiting("s")  # takes the hint over
+        one.storage.withdraw_hint("s")
+        await one.storage.drain()
+        assert await _hint(kv, one, "s") == two.store_id.encode()
+        two.storage.withdraw_hint("s")
+        await two.storage.drain()
+        assert await _hint(kv, one, "s") is None

@@ -7,6 +7,7 @@ import pytest
 from agent_stores import connect
 from agent_stores.backend import WAITER_KEY, Check, Create, Replace
 from agent_stores.errors import ConflictError
+from agent_stores.sessions import SessionBusyError
 from agent_stores_contract.request_counts import Meter, pair
 from agent_stores_firestore.kv import FirestoreKV
 from agent_stores_firestore.sessions import MAX_SKIPPED_ACQUIRES, FirestoreSessionPort
@@ -105,3 +106,27 @@ async def test_commit_as_expected_fails_without_reading(kv: FirestoreKV) -> None
     )
     after = await kv.get("x", "k")
     assert after is not None and after.value == b"4" and after.version == versions[1]
+
+
+async def test_a_waiter_that_gave_up_leaves_the_next_turn_warm(firestore_url: str) -> None:
+    meter = Meter(firestore_url)
+    holder = connect(await meter.client()).sessions(owns_kv=True, scope_prefix="g:")
+    waiter = connect(await meter.client()).sessions(owns_kv=True, scope_prefix="g:")
+    try:
+        async with holder.turn("s") as session:
+            session.replace(pair(0))
+        async with holder.turn("s") as session:
+            with pytest.raises(SessionBusyError):
+                async with waiter.turn("s", timeout_seconds=0.5):
+                    pass
+            await waiter.storage.drain()  # its hint withdrawn
+            session.replace([*session.messages, *pair(1)])
+
+        async def turn() -> None:
+            async with holder.turn("s") as session:
+                session.replace([*session.messages, *pair(2)])
+
+        assert await meter.count(turn) == {"Commit": 2}
+    finally:
+        await holder.aclose()
+        await waiter.aclose()

@@ -13,7 +13,7 @@ lease renewal timing, cancellation, draining) and calls only these methods:
 ``release``               release without saving
 ``reset`` / ``clear_recovery``   with an acquired handle: delete / unlatch
 ``force_reset``           erase a session whose state cannot even be decoded
-``note_waiting``          leave the fair hand-over hint
+``note_waiting`` / ``withdraw_hint``   leave / take back the fair hand-over hint
 ``enqueue`` / ``queue_front`` / ``keep_ticket`` / ``leave_queue``   the waiters' queue
 ``inspect`` / ``read_messages`` / ``list_sessions``   lease-free reads
 ========================  ==============================================================
@@ -1837,6 +1837,21 @@ class KVSessionStorage:
         except ConflictError:
             return False
         return True
+
+    def withdraw_hint(self, session_id: str) -> None:
+        """Delete the hand-over hint of this store, if it is still the stored one, in the
+        background (best effort: it expires anyway): for a waiter that gave up."""
+        scope = self.scope_for(session_id)
+        ours = self.store_id.encode()
+
+        async def withdraw() -> None:
+            entry = await self._call(session_id, self.kv.get(scope, WAITER_KEY))
+            if entry is not None and entry.value == ours:
+                await self._call(
+                    session_id, self.kv.delete(scope, WAITER_KEY, expected_version=entry.version)
+                )
+
+        self._spawn(withdraw())
 
     # -- the waiters' queue ---------------------------------------------------------------
     #

@@ -785,6 +785,13 @@ class SessionStore(KVBackedStore):
                 if await self._announce_waiting(session_id, wait, outcome):
                     continue  # a ticket just taken: see where it stands at once
                 await self._poll_pause(wait, outcome)
+        except BaseException:
+            if wait.hinted:
+                # Nobody waits any more: the holder's store need not hold the session
+                # back for us at its release (a native port's warm acquire may also
+                # require that no hint is stored at all, expired or not).
+                self.storage.withdraw_hint(session_id)
+            raise
         finally:
             if wait.ticket is not None:
                 self.storage.leave_queue(session_id, wait.ticket)
