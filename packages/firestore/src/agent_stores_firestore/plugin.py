@@ -4,8 +4,9 @@ Importing this module must stay cheap: it never imports google-cloud-firestore. 
 factory is an import string resolved only when a ``firestore://`` URL is opened, and
 :func:`kv_from_client` only looks at a client if the Firestore library is already
 imported (a client object cannot exist otherwise). A warm session turn takes its lease in
-one Commit (:func:`session_port`, :mod:`~agent_stores_firestore.sessions`); a memory write commits its record, receipt index entry and directory markers in
-one Commit (:func:`memory_port`, the core's transaction port over
+one Commit (:func:`session_port`, :mod:`~agent_stores_firestore.sessions`); a memory
+write commits its record, receipt index entry and directory markers in one Commit
+(:func:`memory_port`, the core's transaction port over
 :meth:`FirestoreKV.transact`), and search by meaning runs on the native vector port
 (:mod:`~agent_stores_firestore.vectors`, ``find_nearest``); the checkpointer appends to a
 run's journal or step log in one Commit (:func:`journal_port`, the core's commit port). For the contract's fault mode it offers

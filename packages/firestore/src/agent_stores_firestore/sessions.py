@@ -54,7 +54,8 @@ MAX_SKIPPED_ACQUIRES = 16
 
 
 class FirestoreSessionPort:
-    """:class:`~agent_stores.sessions.SessionPort` on a :class:`FirestoreKV` (see the module doc)."""
+    """:class:`~agent_stores.sessions.SessionPort` on a :class:`FirestoreKV` (see the
+    module doc)."""
 
     def __init__(self, kv: FirestoreKV) -> None:
         self.kv = kv
