@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from agent_stores import connect
 from agent_stores.backend import WAITER_KEY, Check, Create, Replace
-from agent_stores.errors import ConflictError
+from agent_stores.errors import ConflictError, InvalidIdError, ValueTooLargeError
 from agent_stores.sessions import SessionBusyError
 from agent_stores_contract.request_counts import Meter, pair
 from agent_stores_firestore.kv import FirestoreKV
@@ -106,6 +106,18 @@ async def test_commit_as_expected_fails_without_reading(kv: FirestoreKV) -> None
     )
     after = await kv.get("x", "k")
     assert after is not None and after.value == b"4" and after.version == versions[1]
+
+
+async def test_commit_as_expected_applies_the_checks_of_commit(kv: FirestoreKV) -> None:
+    """Everything KVStore.commit refuses before sending, commit_as_expected refuses too."""
+    with pytest.raises(ValueError, match="appears twice"):
+        await kv.commit_as_expected("x", [Create("k", b"1"), Check("k", None)])
+    with pytest.raises(InvalidIdError):
+        await kv.commit_as_expected("x", [Create("", b"1")])
+    with pytest.raises(ValueTooLargeError):
+        await kv.commit_as_expected("x", [Create("k", b"v" * (kv.limits.max_value_bytes + 1))])
+    assert await kv.commit_as_expected("x", []) == []
+    assert (await kv.get("x", "k")) is None
 
 
 async def test_a_waiter_that_gave_up_leaves_the_next_turn_warm(firestore_url: str) -> None:

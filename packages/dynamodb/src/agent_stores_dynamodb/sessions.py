@@ -5,7 +5,7 @@ version it saved last (``AcquireRequest.known``, while it still caches every chu
 name), so the acquire needs no read:
 
 * **acquire + load** — one TransactWriteItems: a ConditionCheck that no waiting hint
-  ``w`` is live, and a Put of :func:`~agent_stores.sessions.acquired_state` of the
+  ``w`` is live, and a Put of :func:`~agent_stores.backend.acquired_state_if_takeable` of the
   known bytes conditioned on ``version`` still being the known one. The version is the
   fencing token, so the condition proves the known bytes *are* the stored state; the
   lease decision (free, expired or ours; no recovery marker; no chunk due for re-copy)
@@ -39,11 +39,10 @@ from agent_stores.backend import (
     Create,
     KVSessionPort,
     Operation,
-    RecordError,
     Replace,
     SaveRequest,
-    acquired_state,
-    decode_state,
+    StateHeader,
+    acquired_state_if_takeable,
     within_deadline,
 )
 from agent_stores.errors import ConflictError, ValueTooLargeError
@@ -72,7 +71,7 @@ class DynamoDBSessionPort:
         if known is None:
             return GENERIC
         try:
-            return await self._take(request, known.version, known.value)
+            return await self._take(request, known.version, known.value, request.known_header)
         except StaleConditionError as stale:
             # Another process wrote the session: the failed transaction returned the state
             # as it stands, so decide again on it, fenced by its version (no read).
@@ -85,29 +84,21 @@ class DynamoDBSessionPort:
         except ConflictError:
             return GENERIC  # a client is waiting
 
-    async def _take(self, request: AcquireRequest, version: str, stored: bytes) -> AcquireReply:
-        """Take the lease on the state ``stored`` at ``version``, in one transaction; a
-        ConflictError when the version moved or a client waits."""
-        try:
-            header, _tail = decode_state(stored)
-        except RecordError:
-            return GENERIC
-        if header.recovery:
-            return GENERIC
-        if header.lease_live(request.now) and (
-            header.lease is None or header.lease.owner != request.owner
-        ):
-            return GENERIC  # the core reports who holds it
-        if request.refresh_horizon is not None and any(
-            ref.expires_at is not None and ref.expires_at < request.refresh_horizon
-            for ref in header.chunks
-        ):
-            return GENERIC  # the core re-copies chunks that would expire before the state
-        new_state = acquired_state(
-            stored, owner=request.owner, lease_end=request.lease_end, now=request.now
+    async def _take(
+        self,
+        request: AcquireRequest,
+        version: str,
+        stored: bytes,
+        header: StateHeader | None = None,
+    ) -> AcquireReply:
+        """Take the lease on the state ``stored`` at ``version`` (``header``: decoded
+        already, or None), in one transaction; a ConflictError when the version moved or a
+        client waits."""
+        new_state = acquired_state_if_takeable(
+            stored, request, self.kv.limits.max_value_bytes, header=header
         )
         if new_state is None:
-            return GENERIC
+            return GENERIC  # the core decides: who holds it, recovery, re-copy, damage
         versions = await self.kv.commit(
             request.scope,
             [

@@ -1020,12 +1020,9 @@ class FirestoreKV(KVStore):
 
         A reply lost in flight is settled as :meth:`commit` settles it (the write's nonce
         read back): a commit that landed is never reported as a conflict."""
-        self.check_open()
-        self.check_scope(scope)
-        for op in ops:
-            self.check_ids(scope, op.key)
-            if isinstance(op, Create | Replace):
-                self.check_value(scope, op.key, op.value)
+        self.check_commit(scope, ops)
+        if not ops:
+            return []
         commit = self._commit_across(
             [scope] * len(ops), list(ops), self.clock(), decide_on_stored=False
         )

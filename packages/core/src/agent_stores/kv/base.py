@@ -714,18 +714,7 @@ class KVStore(AsyncCloseable, ABC):
         condition nothing is written and :class:`~agent_stores.errors.ConflictError` is raised
         with ``index`` set to the first failing operation.
         """
-        self.check_open()
-        if not self.capabilities.commit:
-            raise UnsupportedError(detail=f"{self.backend_name} does not support multi-key commit")
-        self.check_scope(scope)
-        seen: set[str] = set()
-        for op in ops:
-            self.check_ids(scope, op.key)
-            if op.key in seen:
-                raise ValueError(f"commit: key {op.key!r} appears twice")
-            seen.add(op.key)
-            if isinstance(op, Create | Replace):
-                self.check_value(scope, op.key, op.value)
+        self.check_commit(scope, ops)
         if not ops:
             return []
         return await self._commit(scope, list(ops), self.clock())
@@ -756,6 +745,24 @@ class KVStore(AsyncCloseable, ABC):
         """Raise InvalidIdError unless ``scope`` and ``key`` are valid ids (``docs/kv.md``)."""
         _check_id("scope", scope, self.limits.max_scope_chars)
         _check_id("key", key, self.limits.max_key_chars)
+
+    def check_commit(self, scope: str, ops: Sequence[Operation]) -> None:
+        """The checks of :meth:`commit`, before anything is sent: raise ResourceClosedError
+        once closed, UnsupportedError unless ``capabilities.commit``, InvalidIdError for an
+        invalid scope or key, ValueError for a key that appears twice and
+        ValueTooLargeError for a value over the limits."""
+        self.check_open()
+        if not self.capabilities.commit:
+            raise UnsupportedError(detail=f"{self.backend_name} does not support multi-key commit")
+        self.check_scope(scope)
+        seen: set[str] = set()
+        for op in ops:
+            self.check_ids(scope, op.key)
+            if op.key in seen:
+                raise ValueError(f"commit: key {op.key!r} appears twice")
+            seen.add(op.key)
+            if isinstance(op, Create | Replace):
+                self.check_value(scope, op.key, op.value)
 
     def check_value(self, scope: str, key: str, value: bytes) -> None:
         """Raise ValueTooLargeError when ``value`` exceeds ``limits.max_value_bytes`` (TypeError

@@ -299,24 +299,34 @@ def decide_acquire(
     return header
 
 
-def known_acquired_state(request: AcquireRequest, max_bytes: int) -> bytes | None:
-    """The state a warm acquire writes over ``request.known`` (see the module doc), or None
-    when the known state does not allow taking the lease without the full decision: a
-    live lease of another owner, a recovery marker, chunks due for re-copy, a layout
-    :func:`acquired_state` cannot splice, a new state over ``max_bytes``."""
-    known = request.known
-    if known is None:
-        return None
-    # No hint is read: the port's write requires that none is live.
-    decided = decide_acquire(known.value, None, request, header=request.known_header)
+def acquired_state_if_takeable(
+    stored: bytes, request: AcquireRequest, max_bytes: int, *, header: StateHeader | None = None
+) -> bytes | None:
+    """The state an acquire writes over ``stored`` when its write requires that no hint
+    waits (so none is read), or None when ``stored`` does not allow taking the lease
+    without the full decision: a live lease of another owner, a recovery marker, chunks
+    due for re-copy, a header that cannot be decoded, a layout :func:`acquired_state`
+    cannot splice, a new state over ``max_bytes``. ``header``: ``stored`` decoded
+    already (it is not decoded again)."""
+    decided = decide_acquire(stored, None, request, header=header)
     if not isinstance(decided, StateHeader):
         return None
     state = acquired_state(
-        known.value, owner=request.owner, lease_end=request.lease_end, now=request.now
+        stored, owner=request.owner, lease_end=request.lease_end, now=request.now
     )
     if state is None or len(state) > max_bytes:
         return None
     return state
+
+
+def known_acquired_state(request: AcquireRequest, max_bytes: int) -> bytes | None:
+    """The state a warm acquire writes over ``request.known`` (see the module doc), or None
+    when the known state does not allow taking the lease without the full decision
+    (:func:`acquired_state_if_takeable`)."""
+    known = request.known
+    if known is None:
+        return None
+    return acquired_state_if_takeable(known.value, request, max_bytes, header=request.known_header)
 
 
 def acquired_header(fence: int, owner: str, lease_end: float, now: float) -> bytes:
