@@ -3,6 +3,8 @@ turn counted at the gRPC interceptor, on the emulator."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from agent_stores import connect
 from agent_stores.backend import WAITER_KEY, Check, Create, Replace
@@ -118,6 +120,27 @@ async def test_commit_as_expected_applies_the_checks_of_commit(kv: FirestoreKV) 
         await kv.commit_as_expected("x", [Create("k", b"v" * (kv.limits.max_value_bytes + 1))])
     assert await kv.commit_as_expected("x", []) == []
     assert (await kv.get("x", "k")) is None
+
+
+async def test_a_hint_withdrawn_after_it_expired_is_deleted(firestore_url: str) -> None:
+    """A waiter gives up about when its hint expires; the expired hint document, still
+    stored, would fail the warm commit's "no hint" precondition, so the withdrawal
+    deletes the very write it made, expired or not."""
+    sessions = connect(firestore_url).sessions(owns_kv=True, scope_prefix="e:")
+    kv = sessions.kv
+    assert isinstance(kv, FirestoreKV)
+    try:
+        assert await sessions.storage.note_waiting("s")
+        scope = sessions.storage.scope_for("s")
+        await asyncio.sleep(sessions.storage.hint_seconds + 0.1)
+        assert await kv.get(scope, WAITER_KEY) is None  # expired
+        with pytest.raises(ConflictError):  # ...but still stored
+            await kv.commit_as_expected(scope, [Check(WAITER_KEY, None)])
+        sessions.storage.withdraw_hint("s")
+        await sessions.storage.drain()
+        await kv.commit_as_expected(scope, [Check(WAITER_KEY, None)])
+    finally:
+        await sessions.aclose()
 
 
 async def test_a_waiter_that_gave_up_leaves_the_next_turn_warm(firestore_url: str) -> None:

@@ -151,6 +151,9 @@ _DELETES_PER_COMMIT = 50
 #: the inline tail's bound plus the header: a few MB in all).
 _KNOWN_STATES = 1024
 
+#: Sessions whose hand-over hint a store remembers the version of (for its withdrawal).
+_HINTS = 1024
+
 #: Tries of a fork whose source keeps dropping the chunks it pinned (turns merging them).
 _FORK_ATTEMPTS = 8
 
@@ -323,6 +326,10 @@ class KVSessionStorage:
         # The state this store wrote last per session, and the keys of its chunks: sent
         # with the next acquire (AcquireRequest.known) while every chunk is cached.
         self._known: LRU[str, tuple[Entry, frozenset[str], StateHeader]] = LRU(_KNOWN_STATES)
+        # The version of the hand-over hint this store left last per session: a waiter
+        # that gives up deletes that very write, even once it has expired (see
+        # withdraw_hint).
+        self._hints: LRU[str, str] = LRU(_HINTS)
         #: the owners' indexes (``catalog.py``)
         self.catalog = CatalogIndex(kv, catalog_prefix, self._call, self._spawn)
 
@@ -1812,19 +1819,22 @@ class KVSessionStorage:
         scope = self.scope_for(session_id)
         ours = self.store_id.encode()
         try:
-            await self._call(
+            version = await self._call(
                 session_id, self.kv.create(scope, WAITER_KEY, ours, ttl=self.hint_seconds)
             )
-            return True
         except ConflictError:
             pass
+        else:
+            self._hints.set(session_id, version)
+            return True
         entry = await self._call(session_id, self.kv.get(scope, WAITER_KEY))
         if entry is None:
             return False  # gone meanwhile: the next poll leaves a new one
         if entry.value == ours:
+            self._hints.set(session_id, entry.version)
             return True
         try:
-            await self._call(
+            version = await self._call(
                 session_id,
                 self.kv.replace(
                     scope,
@@ -1836,15 +1846,29 @@ class KVSessionStorage:
             )
         except ConflictError:
             return False
+        self._hints.set(session_id, version)
         return True
 
     def withdraw_hint(self, session_id: str) -> None:
         """Delete the hand-over hint of this store, if it is still the stored one, in the
-        background (best effort: it expires anyway): for a waiter that gave up."""
+        background (best effort: it expires anyway): for a waiter that gave up.
+
+        The write this store made is deleted at its version, in one request, even when it
+        has expired already: a waiter gives up about when its hint expires, and an
+        expired hint that is still stored fails a port's "no hint" condition where the
+        database cannot tell expired from live (Firestore's preconditions). Without a
+        remembered version, the live hint is read and deleted if it names this store."""
         scope = self.scope_for(session_id)
+        version = self._hints.get(session_id)
+        self._hints.pop(session_id)
         ours = self.store_id.encode()
 
         async def withdraw() -> None:
+            if version is not None:
+                await self._call(
+                    session_id, self.kv.delete(scope, WAITER_KEY, expected_version=version)
+                )
+                return
             entry = await self._call(session_id, self.kv.get(scope, WAITER_KEY))
             if entry is not None and entry.value == ours:
                 await self._call(
