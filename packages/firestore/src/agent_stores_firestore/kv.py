@@ -1028,6 +1028,25 @@ class FirestoreKV(KVStore):
         )
         return await within_deadline(self, commit)
 
+    async def delete_expired(self, scope: str, key: str) -> bool:
+        """Delete the document of ``key`` if it is stored but expired (and still as read);
+        True if one was deleted. A live document is left alone. For preconditions of
+        :meth:`commit_as_expected` that require a document's absence: they cannot tell
+        an expired document from a live one, and Firestore removes expired documents
+        only through a TTL policy the deployment may not have."""
+        self.check_open()
+        self.check_ids(scope, key)
+        return await within_deadline(self, self._delete_expired(scope, key))
+
+    async def _delete_expired(self, scope: str, key: str) -> bool:
+        await self._connect()
+        ref = self._ref(scope, key)
+        snap = await self._read(ref)
+        current = self._entry(snap)
+        if current is None or not current.expired(self.clock()):
+            return False
+        return await self._delete_at(scope, key, ref, snap.update_time)
+
     async def _commit_across(
         self,
         scopes: list[str],

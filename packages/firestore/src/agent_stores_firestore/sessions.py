@@ -21,7 +21,11 @@ and the core runs its KV algorithm (read, then a conditional write) — one requ
 than the generic path alone for that turn. So that a session passed between clients does
 not pay it every turn, a session whose warm commit failed goes straight to the generic
 path for its next acquire in this store, then two, four, up to sixteen after further
-failures in a row; a warm commit that succeeds ends the backoff.
+failures in a row; a warm commit that succeeds ends the backoff. A commit that fails
+again with no success since also deletes the waiting hint if it is stored but expired
+(:meth:`FirestoreKV.delete_expired`: one read, and the delete): a waiter that died
+leaves one, which would fail every warm commit of the session until Firestore's TTL
+policy, if the deployment has one, removed it.
 
 Built on the public port (:class:`agent_stores.sessions.SessionPort`) through
 :meth:`FirestoreKV.commit_as_expected`; nothing of the core is overridden.
@@ -82,6 +86,11 @@ class FirestoreSessionPort:
         try:
             versions = await self.kv.commit_as_expected(scope, ops)
         except ConflictError:
+            if backoff is not None:
+                # Failed again since the last success: a hint left by a waiter that died
+                # may be stored, expired, and fail every warm commit (deleted here; one
+                # read when there is none).
+                await self.kv.delete_expired(scope, WAITER_KEY)
             run = 1 if backoff is None else min(2 * backoff[1], MAX_SKIPPED_ACQUIRES)
             self._backoff.set(scope, (run, run))
             return GENERIC
