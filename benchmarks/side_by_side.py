@@ -13,10 +13,11 @@ the per-trial ratios. Round trips and bytes are counted by a TCP proxy
 Rows: turn at history 10/100/1000 (Redis, vs Cortex); bytes sent and round trips per turn,
 warm (the store served the previous turn) and cold (another store object did); 64 sessions
 x 8 turns (turns/s, client CPU per turn); hand-overs with 8 tasks x 5 turns on one session
-and with 6 processes; memory write / create / read vs the harness on PostgreSQL and on
-SQLite (WAL + synchronous=NORMAL for both); step ``append_event`` at 10 and 1,000 events vs
-the harness on PostgreSQL and SQLite; the session turn on PostgreSQL and SQLite beside its
-floor only (no anchor has a session store on either).
+and with 6 processes (each begins its turns once all six are up); memory write / create /
+read vs the harness on PostgreSQL and on SQLite (WAL + synchronous=NORMAL for both); step
+``append_event`` at 10 and 1,000 events vs the harness on PostgreSQL and SQLite; the session
+turn on PostgreSQL and SQLite beside its floor and its format floor only (no anchor has a
+session store on either).
 
 Floors, in the same trials: the 64 x 8 Redis row done by redis-py and Pydantic AI alone
 at each history length (a turn's two ``EVALSHA`` with agent-stores' argument shapes, the
@@ -708,7 +709,7 @@ async def section_handover(res: Results, redis_url: str) -> None:
                 str(n),
                 f"bench-cxh-{run}",
             )
-            for n in range(6)
+            for n in range(HANDOVER_PROCESSES)
         ]
         for proc in procs:
             await proc.wait()
@@ -730,10 +731,25 @@ async def section_handover(res: Results, redis_url: str) -> None:
         )
 
 
+#: processes of the hand-over row; each begins its turns once all of them are ready
+HANDOVER_PROCESSES = 6
+
+
 async def handover_worker(name: str, redis_url: str, sid: str, n: int, prefix: str) -> None:
     from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+    from redis.asyncio import Redis
 
     store = ours_sessions(redis_url) if name == "ours" else cortex_sessions(redis_url, prefix)
+    # A start line: a process up before the others would otherwise take all its turns
+    # in a row with no one waiting (seen: 21 of 29 hand-overs), which measures start-up
+    # order, not fairness.
+    ready, go = f"{prefix}:ready:{name}", f"{prefix}:go:{name}"
+    async with Redis.from_url(redis_url) as barrier:
+        if await barrier.incr(ready) == HANDOVER_PROCESSES:  # the last one up
+            await barrier.rpush(go, *["go"] * HANDOVER_PROCESSES)
+            await barrier.expire(ready, 600)
+            await barrier.expire(go, 600)
+        await barrier.blpop([go], timeout=120)
     try:
         for i in range(5):
             async with store.turn(sid, timeout_seconds=120) as s:
