@@ -45,9 +45,9 @@ from agent_stores.backend import (
     encode_state,
     new_version,
 )
-from memory_floors import postgres_floor_table, sqlite_floor_file
+from memory_floors import sqlite_floor_file
 from pydantic_ai.messages import ModelMessagesTypeAdapter
-from session_floors import SCOPE_PREFIX, TAIL_BYTES
+from session_floors import POSTGRES_SAVE, SCOPE_PREFIX, TAIL_BYTES, postgres_session_table
 
 OWNER = "format-floor-owner"
 LEASE_SECONDS = 60.0
@@ -155,31 +155,11 @@ class PostgresFormatFloor:
 
     @classmethod
     async def open(cls, url: str, table: str) -> PostgresFormatFloor:
-        from psycopg import sql
-
-        conn, name = await postgres_floor_table(url, table)
-
-        def text(statement: str) -> bytes:
-            return sql.SQL(statement).format(kv=name).as_bytes(None)
-
-        write = (
-            "UPDATE {kv} SET value = %(value)s, version = %(version)s, "
-            "expires_at = %(expires_at)s WHERE scope = %(scope)s AND key = 'state' "
-            "AND version = %(expected)s"
-        )
-        return cls(
-            conn,
-            name,
-            {
-                "take": text(write + " AND (expires_at IS NULL OR expires_at > %(now)s)"),
-                "save": text(write),
-                "spill": text(
-                    "WITH chunk AS (INSERT INTO {kv} VALUES (%(scope)s, %(chunk_key)s, "
-                    "%(chunk)s, %(chunk_version)s, %(expires_at)s)) " + write
-                ),
-                "insert": text("INSERT INTO {kv} VALUES (%s, 'state', %s, %s, NULL)"),
-            },
-        )
+        # The take is the save's statement with the state's expiry checked: it writes the
+        # acquired state over the version this client wrote last.
+        take = POSTGRES_SAVE + " AND (expires_at IS NULL OR expires_at > %(now)s)"
+        conn, name, statements = await postgres_session_table(url, table, take)
+        return cls(conn, name, statements)
 
     async def start(self, sid: str, messages: Sequence[Any]) -> None:
         state, version = self._turns.first(sid, messages)

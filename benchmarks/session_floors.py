@@ -69,6 +69,44 @@ def first_state(messages: Sequence[Any]) -> bytes:
     return header + b"\n" + ModelMessagesTypeAdapter.dump_json(list(messages)[-1:])
 
 
+#: The fenced save of a session floor on PostgreSQL (``{kv}``: its table): the state
+#: swapped for the new one if it still holds the version the acquire wrote.
+POSTGRES_SAVE = (
+    "UPDATE {kv} SET value = %(value)s, version = %(version)s, "
+    "expires_at = %(expires_at)s WHERE scope = %(scope)s AND key = 'state' "
+    "AND version = %(expected)s"
+)
+
+
+async def postgres_session_table(
+    url: str, table: str, take: str
+) -> tuple[Any, Any, dict[str, bytes]]:
+    """A session floor's new table on PostgreSQL (:func:`postgres_floor_table`) and its
+    statements, each with ``{kv}`` filled in: ``take`` as given, ``save``
+    (:data:`POSTGRES_SAVE`), ``spill`` (a chunk's insert with the save, one statement)
+    and ``insert`` (a first state). Returns (connection, table name, statements)."""
+    from psycopg import sql
+
+    conn, name = await postgres_floor_table(url, table)
+
+    def text(statement: str) -> bytes:
+        return sql.SQL(statement).format(kv=name).as_bytes(None)
+
+    return (
+        conn,
+        name,
+        {
+            "take": text(take),
+            "save": text(POSTGRES_SAVE),
+            "spill": text(
+                "WITH chunk AS (INSERT INTO {kv} VALUES (%(scope)s, %(chunk_key)s, %(chunk)s, "
+                "%(chunk_version)s, %(expires_at)s)) " + POSTGRES_SAVE
+            ),
+            "insert": text("INSERT INTO {kv} VALUES (%s, 'state', %s, %s, NULL)"),
+        },
+    )
+
+
 class SessionFloor(Protocol):
     """Sessions turned by the client libraries alone."""
 
@@ -90,33 +128,14 @@ class PostgresSessionFloor:
 
     @classmethod
     async def open(cls, url: str, table: str) -> PostgresSessionFloor:
-        from psycopg import sql
-
-        conn, name = await postgres_floor_table(url, table)
-
-        def text(statement: str) -> bytes:
-            return sql.SQL(statement).format(kv=name).as_bytes(None)
-
-        save = (
-            "UPDATE {kv} SET value = %(value)s, version = %(version)s, "
-            "expires_at = %(expires_at)s WHERE scope = %(scope)s AND key = 'state' "
-            "AND version = %(expected)s"
+        conn, name, statements = await postgres_session_table(
+            url,
+            table,
+            take="UPDATE {kv} SET version = %(version)s WHERE scope = %(scope)s "
+            "AND key = 'state' AND (expires_at IS NULL OR expires_at > %(now)s) "
+            "RETURNING value",
         )
-        return cls(
-            conn,
-            name,
-            text(
-                "UPDATE {kv} SET version = %(version)s WHERE scope = %(scope)s "
-                "AND key = 'state' AND (expires_at IS NULL OR expires_at > %(now)s) "
-                "RETURNING value"
-            ),
-            text(save),
-            text(
-                "WITH chunk AS (INSERT INTO {kv} VALUES (%(scope)s, %(chunk_key)s, %(chunk)s, "
-                "%(chunk_version)s, %(expires_at)s)) " + save
-            ),
-            text("INSERT INTO {kv} VALUES (%s, 'state', %s, %s, NULL)"),
-        )
+        return cls(conn, name, *(statements[s] for s in ("take", "save", "spill", "insert")))
 
     async def start(self, sid: str, messages: Sequence[Any]) -> None:
         await self._conn.execute(
