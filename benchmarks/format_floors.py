@@ -45,13 +45,20 @@ from agent_stores.backend import (
     encode_state,
     new_version,
 )
-from memory_floors import sqlite_floor_file
+from memory_floors import drop_floor_table, sqlite_floor_file
 from pydantic_ai.messages import ModelMessagesTypeAdapter
-from session_floors import POSTGRES_SAVE, SCOPE_PREFIX, TAIL_BYTES, postgres_session_table
+from session_floors import (
+    POSTGRES_SAVE,
+    SCOPE_PREFIX,
+    TAIL_BYTES,
+    TTL_SECONDS,
+    postgres_save,
+    postgres_session_table,
+    sqlite_save,
+)
 
 OWNER = "format-floor-owner"
 LEASE_SECONDS = 60.0
-TTL_SECONDS = 3600.0
 #: chunk refs the header lists at most (the newest); see the module docstring, item 4
 LISTED_CHUNKS = 8
 
@@ -61,8 +68,8 @@ class Saved:
     """What a turn writes after the caller's work: the state, and a spilled chunk."""
 
     state: bytes
-    chunk_key: str | None
-    chunk: bytes | None
+    #: the spilled chunk's one part: (its key, its bytes)
+    chunk: tuple[str, bytes] | None
 
 
 class FormatTurns:
@@ -113,7 +120,7 @@ class FormatTurns:
             raise AssertionError("the bench's caller keeps the history it was handed")
         tail = ModelMessagesTypeAdapter.dump_json(new[len(held) :])
         chunks = header.chunks
-        chunk_key = chunk = None
+        part = None
         if len(tail) > TAIL_BYTES:
             last = ModelMessagesTypeAdapter.dump_json(new[-1:])
             # "[a,b,c]" is "[a,b" + "," + "c]": the chunk is the rest, not encoded again
@@ -121,9 +128,11 @@ class FormatTurns:
             spilled = ModelMessagesTypeAdapter.validate_json(chunk)  # the cache's copies
             assert len(spilled) == len(new) - len(held) - 1
             held.extend(spilled)
-            chunk_key = f"h/{new_version()}"
-            ref = ChunkRef(chunk_key, len(spilled), len(chunk), 1, 0, expires_at=now + TTL_SECONDS)
+            ref = ChunkRef(
+                f"h/{new_version()}", len(spilled), len(chunk), 1, 0, expires_at=now + TTL_SECONDS
+            )
             chunks = (*chunks, ref)[-LISTED_CHUNKS:]
+            part = (ref.part_keys()[0], chunk)
             tail = last
         released = dataclasses.replace(
             header,
@@ -134,7 +143,7 @@ class FormatTurns:
             released_by=OWNER,
             released_at=now,
         )
-        return Saved(encode_state(released, tail), chunk_key, chunk)
+        return Saved(encode_state(released, tail), part)
 
     def saved(self, sid: str, state: bytes, version: str) -> None:
         self._known[sid] = (state, version)
@@ -180,27 +189,14 @@ class PostgresFormatFloor:
         assert cursor.rowcount == 1
         header, history = turns.acquired(sid, state)
         saved = turns.saving(sid, header, [*history, *added], now)  # the caller's list
-        version = new_version()
-        params = {
-            "value": saved.state,
-            "version": version,
-            "expires_at": now + TTL_SECONDS,
-            "scope": scope,
-            "expected": token,
-        }
-        if saved.chunk is None:
-            await cursor.execute(self._sql["save"], params, prepare=True)
-        else:
-            params.update(chunk_key=f"{saved.chunk_key}/0", chunk=saved.chunk, chunk_version=token)
-            await cursor.execute(self._sql["spill"], params, prepare=True)
-        assert cursor.rowcount == 1
+        expires_at = now + TTL_SECONDS
+        version = await postgres_save(
+            cursor, self._sql, scope, saved.state, token, expires_at, saved.chunk
+        )
         turns.saved(sid, saved.state, version)
 
     async def close(self) -> None:
-        from psycopg import sql
-
-        await self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table))
-        await self._conn.close()
+        await drop_floor_table(self._conn, self._table)
 
 
 class SQLiteFormatFloor:
@@ -227,21 +223,7 @@ class SQLiteFormatFloor:
         assert taken == 1
         header, history = turns.acquired(sid, state)
         saved = turns.saving(sid, header, [*history, *added], now)  # the caller's list
-        version = new_version()
-        if saved.chunk is not None:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO kv VALUES (?, ?, ?, ?, ?)",
-                (scope, f"{saved.chunk_key}/0", saved.chunk, token, now + TTL_SECONDS),
-            )
-        done = conn.execute(
-            "UPDATE kv SET value = ?, version = ?, expires_at = ? "
-            "WHERE scope = ? AND key = 'state' AND version = ?",
-            (saved.state, version, now + TTL_SECONDS, scope, token),
-        ).rowcount
-        if saved.chunk is not None:
-            conn.execute("COMMIT")
-        assert done == 1
+        version = sqlite_save(conn, scope, saved.state, token, now + TTL_SECONDS, saved.chunk)
         turns.saved(sid, saved.state, version)
 
     async def close(self) -> None:

@@ -81,6 +81,14 @@ async def postgres_floor_table(url: str, table: str) -> tuple[Any, Any]:
     return conn, name
 
 
+async def drop_floor_table(conn: Any, name: Any) -> None:
+    """Drop a floor's table made by :func:`postgres_floor_table` and close its connection."""
+    from psycopg import sql
+
+    await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(name))
+    await conn.close()
+
+
 class MemoryFloor(Protocol):
     """One file written over and over with receipts, and read."""
 
@@ -153,10 +161,7 @@ class PostgresMemoryFloor:
         return content_of(row[0])
 
     async def close(self) -> None:
-        from psycopg import sql
-
-        await self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table))
-        await self._conn.close()
+        await drop_floor_table(self._conn, self._table)
 
 
 #: agent-stores' SQLite table and expiry index (``agent_stores.backends.sqlite``), in the

@@ -29,18 +29,21 @@ after; SQLite: a file in the bench's temporary folder).
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from agent_stores.backend import acquired_header, new_version
-from memory_floors import postgres_floor_table, sqlite_floor_file
+from memory_floors import drop_floor_table, postgres_floor_table, sqlite_floor_file
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 #: agent-stores' inline tail bound (the core's default: 4 KiB), as the Redis floor's
 TAIL_BYTES = 4 << 10
 SCOPE_PREFIX = "sessions:floor/"
+#: the lifetime a save gives the state and its spilled chunk (the bench's session TTL)
+TTL_SECONDS = 3600.0
 
 
 def next_state(stored: bytes, held: list[Any], added: Sequence[Any]) -> tuple[bytes, bytes | None]:
@@ -107,6 +110,63 @@ async def postgres_session_table(
     )
 
 
+async def postgres_save(
+    cursor: Any,
+    statements: dict[str, bytes],
+    scope: str,
+    state: bytes,
+    expected: str,
+    expires_at: float,
+    chunk: tuple[str, bytes] | None,
+) -> str:
+    """The fenced save of a session floor on PostgreSQL, in one prepared statement of
+    ``statements`` (:func:`postgres_session_table`): ``state`` if the stored one still
+    holds ``expected`` (the acquire's version), with a spilled ``chunk`` (key, bytes)
+    inserted by the same statement. Returns the state's new version."""
+    version = new_version()
+    params: dict[str, Any] = {
+        "value": state,
+        "version": version,
+        "expires_at": expires_at,
+        "scope": scope,
+        "expected": expected,
+    }
+    if chunk is None:
+        await cursor.execute(statements["save"], params, prepare=True)
+    else:
+        params.update(chunk_key=chunk[0], chunk=chunk[1], chunk_version=expected)
+        await cursor.execute(statements["spill"], params, prepare=True)
+    assert cursor.rowcount == 1
+    return version
+
+
+def sqlite_save(
+    conn: sqlite3.Connection,
+    scope: str,
+    state: bytes,
+    expected: str,
+    expires_at: float,
+    chunk: tuple[str, bytes] | None,
+) -> str:
+    """The fenced save of a session floor on SQLite: ``state`` if the stored one still
+    holds ``expected`` (the acquire's version), one ``UPDATE``; with a spilled ``chunk``
+    (key, bytes), its insert and the ``UPDATE`` in one transaction. Returns the state's
+    new version."""
+    version = new_version()
+    if chunk is not None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO kv VALUES (?, ?, ?, ?, ?)", (scope, *chunk, expected, expires_at))
+    done = conn.execute(
+        "UPDATE kv SET value = ?, version = ?, expires_at = ? "
+        "WHERE scope = ? AND key = 'state' AND version = ?",
+        (state, version, expires_at, scope, expected),
+    ).rowcount
+    if chunk is not None:
+        conn.execute("COMMIT")
+    assert done == 1
+    return version
+
+
 class SessionFloor(Protocol):
     """Sessions turned by the client libraries alone."""
 
@@ -118,13 +178,11 @@ class SessionFloor(Protocol):
 class PostgresSessionFloor:
     """See the module docstring. Create with :meth:`open`."""
 
-    def __init__(
-        self, conn: Any, table: Any, take: bytes, save: bytes, spill: bytes, insert: bytes
-    ) -> None:
+    def __init__(self, conn: Any, table: Any, statements: dict[str, bytes]) -> None:
         self._conn, self._table = conn, table
         self._held: dict[str, list[Any]] = {}  # by session: the messages before the tail
         self._cursor = conn.cursor()
-        self._take, self._save, self._spill, self._insert = take, save, spill, insert
+        self._sql = statements
 
     @classmethod
     async def open(cls, url: str, table: str) -> PostgresSessionFloor:
@@ -135,11 +193,11 @@ class PostgresSessionFloor:
             "AND key = 'state' AND (expires_at IS NULL OR expires_at > %(now)s) "
             "RETURNING value",
         )
-        return cls(conn, name, *(statements[s] for s in ("take", "save", "spill", "insert")))
+        return cls(conn, name, statements)
 
     async def start(self, sid: str, messages: Sequence[Any]) -> None:
         await self._conn.execute(
-            self._insert, (SCOPE_PREFIX + sid, first_state(messages), new_version())
+            self._sql["insert"], (SCOPE_PREFIX + sid, first_state(messages), new_version())
         )
         self._held[sid] = list(messages)[:-1]
 
@@ -147,30 +205,16 @@ class PostgresSessionFloor:
         cursor, scope, now = self._cursor, SCOPE_PREFIX + sid, time.time()
         token = new_version()
         await cursor.execute(
-            self._take, {"version": token, "scope": scope, "now": now}, prepare=True
+            self._sql["take"], {"version": token, "scope": scope, "now": now}, prepare=True
         )
         row = await cursor.fetchone()
         assert row is not None
         state, spilled = next_state(row[0], self._held[sid], added)
-        params = {
-            "value": state,
-            "version": new_version(),
-            "expires_at": now + 3600,
-            "scope": scope,
-            "expected": token,
-        }
-        if spilled is None:
-            await cursor.execute(self._save, params, prepare=True)
-        else:
-            params.update(chunk_key=f"h/{new_version()}", chunk=spilled, chunk_version=token)
-            await cursor.execute(self._spill, params, prepare=True)
-        assert cursor.rowcount == 1
+        chunk = None if spilled is None else (f"h/{new_version()}", spilled)
+        await postgres_save(cursor, self._sql, scope, state, token, now + TTL_SECONDS, chunk)
 
     async def close(self) -> None:
-        from psycopg import sql
-
-        await self._conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table))
-        await self._conn.close()
+        await drop_floor_table(self._conn, self._table)
 
 
 class SQLiteSessionFloor:
@@ -197,20 +241,8 @@ class SQLiteSessionFloor:
         ).fetchall()  # all: the statement (and its write) ends with its last row
         assert len(rows) == 1
         state, spilled = next_state(rows[0][0], self._held[sid], added)
-        if spilled is not None:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO kv VALUES (?, ?, ?, ?, ?)",
-                (scope, f"h/{new_version()}", spilled, token, now + 3600),
-            )
-        done = conn.execute(
-            "UPDATE kv SET value = ?, version = ?, expires_at = ? "
-            "WHERE scope = ? AND key = 'state' AND version = ?",
-            (state, new_version(), now + 3600, scope, token),
-        ).rowcount
-        if spilled is not None:
-            conn.execute("COMMIT")
-        assert done == 1
+        chunk = None if spilled is None else (f"h/{new_version()}", spilled)
+        sqlite_save(conn, scope, state, token, now + TTL_SECONDS, chunk)
 
     async def close(self) -> None:
         # The file is in the bench's temporary folder, removed with it.
