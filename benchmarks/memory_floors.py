@@ -191,24 +191,37 @@ def sqlite_floor_file(path: Path) -> sqlite3.Connection:
     return conn
 
 
+_CREATE = (
+    "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
+    "version = excluded.version, expires_at = excluded.expires_at "
+    "WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?"
+)
+
+
 def floor_transaction(
     conn: sqlite3.Connection,
-    absent: tuple[str, str],
+    absent: tuple[str, str] | None,
     swap: tuple[str, str, bytes, str, str],
     create: tuple[str, str, bytes, str, float | None],
     swap_expires_at: float | None = None,
 ) -> None:
-    """The SQLite ports' transaction shape, by ``sqlite3`` alone: ``absent`` (scope, key)
-    checked absent, ``swap`` (scope, key, value, new version, expected version) replaced
-    by CAS with the expiry ``swap_expires_at``, ``create`` (scope, key, value, version,
-    expiry) inserted, one commit."""
+    """The SQLite ports' transaction shapes, by ``sqlite3`` alone, one commit: ``absent``
+    (scope, key) checked absent, ``swap`` (scope, key, value, new version, expected
+    version) replaced by CAS with the expiry ``swap_expires_at``, ``create`` (scope, key,
+    value, version, expiry) inserted (the journal port's shape); or, with ``absent``
+    None, ``create`` inserted first, its row count the absence check, then the ``swap``
+    (the memory port's shape)."""
     now = time.time()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        taken = conn.execute(
-            f"SELECT version FROM kv WHERE scope = ? AND key = ? AND {_LIVE}", (*absent, now)
-        ).fetchone()
-        assert taken is None
+        if absent is None:
+            assert conn.execute(_CREATE, (*create, now)).rowcount == 1
+        else:
+            taken = conn.execute(
+                f"SELECT version FROM kv WHERE scope = ? AND key = ? AND {_LIVE}", (*absent, now)
+            ).fetchone()
+            assert taken is None
         scope, key, value, version, expected = swap
         done = conn.execute(
             f"UPDATE kv SET value = ?, version = ?, expires_at = ? "
@@ -216,13 +229,8 @@ def floor_transaction(
             (value, version, swap_expires_at, scope, key, expected, now),
         ).rowcount
         assert done == 1
-        conn.execute(
-            "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, "
-            "version = excluded.version, expires_at = excluded.expires_at "
-            "WHERE kv.expires_at IS NOT NULL AND kv.expires_at <= ?",
-            (*create, now),
-        )
+        if absent is not None:
+            conn.execute(_CREATE, (*create, now))
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
@@ -246,7 +254,7 @@ class SQLiteMemoryFloor:
         iscope = f"memory:~ops/{op[:2]}"
         floor_transaction(
             self._conn,
-            (iscope, op),
+            None,  # the receipt's insert is its absence check, as in the memory port
             ("memory:floor", "MEMORY.md", record(content, version), version, self._version),
             (
                 iscope,

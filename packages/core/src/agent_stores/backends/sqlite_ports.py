@@ -55,7 +55,7 @@ class SQLiteMemoryPort:
         return entry
 
     async def write(self, write: FileWrite) -> str:
-        """Index absent → record CAS → index → markers, all in one transaction."""
+        """Index created if absent → record CAS → markers, all in one transaction."""
         kv = self.kv
         check_file_write(kv, write)
         index = write.index
@@ -64,7 +64,11 @@ class SQLiteMemoryPort:
         index_expiry = None if index is None else kv.expires_at(index.ttl, now)
 
         def op(c: sqlite3.Connection) -> str:
-            if index is not None and kv.live_version_in(c, index.scope, index.key, now):
+            # The index entry first: its create-if-absent is the absence check (one
+            # statement fewer than a SELECT before it); a later refusal rolls it back.
+            if index is not None and (
+                kv.create_in(c, index.scope, index.key, index.value, index_expiry, now) is None
+            ):
                 raise ConflictError("operation already indexed", scope=index.scope, key=index.key)
             if write.expected_version is None:
                 version = kv.create_in(c, write.scope, write.key, write.value, record_expiry, now)
@@ -80,8 +84,6 @@ class SQLiteMemoryPort:
                 )
             if version is None:
                 raise ConflictError("record changed", scope=write.scope, key=write.key)
-            if index is not None:
-                kv.create_in(c, index.scope, index.key, index.value, index_expiry, now)
             for scope, key in write.markers:
                 kv.create_in(c, scope, key, MARKER_VALUE, None, now)  # None: already marked
             return version
