@@ -70,12 +70,19 @@ class Saved:
     state: bytes
     #: the spilled chunk's one part: (its key, its bytes)
     chunk: tuple[str, bytes] | None
+    #: the header ``state`` was encoded with
+    header: StateHeader
 
 
 class FormatTurns:
     """The client's work of format-floor turns around their two statements, by session:
     the state this client wrote last (and its version), and the messages before the
     tail, decoded once from the chunks they were spilled in."""
+
+    #: True: the spilled messages are the caller's objects, not decoded from the chunk
+    #: (the floor's shortcut, which a correct store cannot take; for
+    #: ``lease_column_floors.py --keep-objects`` only)
+    keep_objects = False
 
     def __init__(self) -> None:
         self._known: dict[str, tuple[bytes, str]] = {}
@@ -109,6 +116,16 @@ class FormatTurns:
         self._timer = asyncio.get_running_loop().call_later(LEASE_SECONDS / 3, _renew)
         return header, [*self._held[sid], *messages]
 
+    def acquired_known(
+        self, sid: str, state: bytes, header: StateHeader
+    ) -> tuple[StateHeader, list[Any]]:
+        """:meth:`acquired` for a client that kept the header it saved last (``state``'s)
+        as an object: only the tail is decoded (``lease_column_floors.py``)."""
+        messages = ModelMessagesTypeAdapter.validate_json(state[state.index(b"\n") + 1 :])
+        assert len(messages) == header.tail_count
+        self._timer = asyncio.get_running_loop().call_later(LEASE_SECONDS / 3, _renew)
+        return header, [*self._held[sid], *messages]
+
     def saving(self, sid: str, header: StateHeader, new: list[Any], now: float) -> Saved:
         """What the save writes for the caller's list ``new``."""
         if self._timer is not None:
@@ -125,7 +142,11 @@ class FormatTurns:
             last = ModelMessagesTypeAdapter.dump_json(new[-1:])
             # "[a,b,c]" is "[a,b" + "," + "c]": the chunk is the rest, not encoded again
             chunk = tail[: len(tail) - len(last)] + b"]"
-            spilled = ModelMessagesTypeAdapter.validate_json(chunk)  # the cache's copies
+            spilled = (
+                new[len(held) : -1]
+                if self.keep_objects
+                else ModelMessagesTypeAdapter.validate_json(chunk)  # the cache's copies
+            )
             assert len(spilled) == len(new) - len(held) - 1
             held.extend(spilled)
             ref = ChunkRef(
@@ -143,7 +164,7 @@ class FormatTurns:
             released_by=OWNER,
             released_at=now,
         )
-        return Saved(encode_state(released, tail), part)
+        return Saved(encode_state(released, tail), part, released)
 
     def saved(self, sid: str, state: bytes, version: str) -> None:
         self._known[sid] = (state, version)

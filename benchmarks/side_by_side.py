@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1184,6 +1184,28 @@ async def session_groups(
     return groups
 
 
+async def session_trials(
+    ours: Any, floors: dict[str, SessionFloor], sid: str, trials: int, turns: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Turns of session ``sid`` by agent-stores (``"ours"``) and by each of ``floors``, one
+    each in turn (:func:`one_at_a_time`), after one untimed turn each; each turn adds a
+    new message pair, made before the clock starts (the caller's input). Returns every
+    turn's wall time and process CPU time by name."""
+    counter = itertools.count()
+
+    def turn(name: str) -> Awaitable[None]:
+        added = message_pair(100_000 + next(counter))
+        if name in floors:
+            return floors[name].turn(sid, added)
+        return turn_adding(ours, sid, added)
+
+    names = ("ours", *floors)
+    for name in names:  # untimed: each has served a turn
+        await turn(name)
+    samples, cpu, _ = await one_at_a_time(turn, names, trials, turns)
+    return samples, cpu
+
+
 async def section_session_floors(
     res: Results, pg_url: str | None, sizes: list[int], trials: int, turns: int, workdir: Path
 ) -> None:
@@ -1191,7 +1213,6 @@ async def section_session_floors(
     (no anchor has a session store on either): one turn each in turn, who goes first
     rotating every turn."""
     run = uuid.uuid4().hex[:8]
-    names = ("ours", "floor", "format")
     for label, ours, floor, formats, schema in await session_groups(pg_url, run, workdir):
         print(
             f"\nsession turn on {label} (enter, read, replace +2 messages, exit), "
@@ -1203,25 +1224,9 @@ async def section_session_floors(
                 await set_history(ours, sid, size)
                 await floor.start(sid, history(size))
                 await formats.start(sid, history(size))
-                counter = itertools.count()
-                floors = {"floor": floor, "format": formats}
-
-                def turn(
-                    name: str,
-                    sid: str = sid,
-                    counter: Iterator[int] = counter,
-                    floors: dict[str, SessionFloor] = floors,
-                    ours: Any = ours,
-                ) -> Awaitable[None]:
-                    """The turn to time, its two new messages made now (the caller's input)."""
-                    added = message_pair(100_000 + next(counter))
-                    if name in floors:
-                        return floors[name].turn(sid, added)
-                    return turn_adding(ours, sid, added)
-
-                for name in names:  # untimed: each has served a turn
-                    await turn(name)
-                samples, cpu, _ = await one_at_a_time(turn, names, trials, turns)
+                samples, cpu = await session_trials(
+                    ours, {"floor": floor, "format": formats}, sid, trials, turns
+                )
                 what = f"session turn, history {size}, {label}"
                 per_turn = {n: med_ms(v) for n, v in cpu.items()}
                 res.fact(
@@ -1406,14 +1411,15 @@ WHERE_THE_TIME_GOES = [
     "  acquire's write of the whole state (up to about 5 KB) where the floor writes a",
     "  version. The store's own logic above the format floor: 1.22-1.31 times its time",
     "  and 1.40-1.50 its CPU on PostgreSQL, 1.43-1.80 on SQLite. Nor would the lease out",
-    "  of the state's bytes be enough: a throwaway prototype of the format floor with the",
-    "  lease in columns of its own (the acquire writes a version, an owner and an expiry,",
-    "  as the floor writes a version; the header kept as an object, nothing spliced or",
-    "  decoded) took 1.34-1.40 times the floor on SQLite and 1.11 times its time, 1.20-1.24",
-    "  its client CPU on PostgreSQL, in the same trials and with no store logic at all",
-    "  (December 6). Most of that is the decode of each spilled chunk, about 0.15 times the",
-    "  SQLite floor, which no correct store can skip while Pydantic AI edits saved messages",
-    "  in place, and the save's header with its chunk refs.",
+    "  of the state's bytes be enough: the format floor with the lease in columns of its",
+    "  own (`benchmarks/lease_column_floors.py`, run by hand: the acquire writes a version,",
+    "  an owner and an expiry, as the floor writes a version; the header kept as an",
+    "  object, nothing spliced or decoded) takes 1.34-1.41 times the floor on SQLite and",
+    "  1.10-1.11 times its time, 1.20-1.24 its client CPU on PostgreSQL, in the same trials",
+    "  and with no store logic at all (December 6). Most of that is the decode of each",
+    "  spilled chunk, about 0.15 times the SQLite floor, which no correct store can skip",
+    "  while Pydantic AI edits saved messages in place, and the save's header with its",
+    "  chunk refs.",
     "  With the format floor in the trials, agent-stores ÷ floor reads 2.2-2.7 on SQLite",
     "  where it read 2.3-2.4 beside the floor alone the same day (the same code: a third",
     "  client's work between two of its turns leaves Pydantic AI's code and data colder),",
