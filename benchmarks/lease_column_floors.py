@@ -39,14 +39,18 @@ from format_floors import (
     Saved,
     SQLiteFormatFloor,
 )
-from memory_floors import drop_floor_table, postgres_floor_table, sqlite_floor_file
+from memory_floors import drop_floor_table, sqlite_floor_file
 from session_floors import (
     POSTGRES_SAVE,
     SCOPE_PREFIX,
+    SQLITE_SAVE,
     TTL_SECONDS,
     PostgresSessionFloor,
     SessionFloor,
     SQLiteSessionFloor,
+    postgres_save,
+    postgres_session_table,
+    sqlite_save,
 )
 from side_by_side import (
     close,
@@ -70,11 +74,15 @@ _TAKE_POSTGRES = (
     "AND key = 'state' AND version = %(expected)s "
     "AND (expires_at IS NULL OR expires_at > %(now)s)"
 )
-#: the fenced save, the lease cleared
+#: the fenced saves, the lease cleared
 _SAVE_POSTGRES = POSTGRES_SAVE.replace(
     "expires_at = %(expires_at)s WHERE",
     "expires_at = %(expires_at)s, lease_owner = NULL, lease_expires = NULL WHERE",
 )
+_SAVE_SQLITE = SQLITE_SAVE.replace(
+    "expires_at = ? WHERE", "expires_at = ?, lease_owner = NULL, lease_expires = NULL WHERE"
+)
+assert _SAVE_POSTGRES != POSTGRES_SAVE and _SAVE_SQLITE != SQLITE_SAVE
 
 
 class LeaseColumnTurns(FormatTurns):
@@ -102,25 +110,6 @@ class LeaseColumnTurns(FormatTurns):
         return saved
 
 
-def _sqlite_save(conn: Any, scope: str, saved: Saved, expected: str, expires_at: float) -> str:
-    version = new_version()
-    if saved.chunk is not None:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?)",
-            (scope, *saved.chunk, expected, expires_at),
-        )
-    done = conn.execute(
-        "UPDATE kv SET value = ?, version = ?, expires_at = ?, lease_owner = NULL, "
-        "lease_expires = NULL WHERE scope = ? AND key = 'state' AND version = ?",
-        (saved.state, version, expires_at, scope, expected),
-    ).rowcount
-    if saved.chunk is not None:
-        conn.execute("COMMIT")
-    assert done == 1
-    return version
-
-
 class SQLiteLeaseColumnFloor:
     """See the module docstring."""
 
@@ -145,7 +134,11 @@ class SQLiteLeaseColumnFloor:
         assert conn.execute(_TAKE_SQLITE, params).rowcount == 1
         header, messages = turns.acquired_known(sid, state, header)
         saved = turns.saving(sid, header, [*messages, *added], now)  # the caller's list
-        turns.saved(sid, saved.state, _sqlite_save(conn, scope, saved, token, now + TTL_SECONDS))
+        expires_at = now + TTL_SECONDS
+        version = sqlite_save(
+            conn, scope, saved.state, token, expires_at, saved.chunk, _SAVE_SQLITE
+        )
+        turns.saved(sid, saved.state, version)
 
     async def close(self) -> None:
         self._conn.close()  # the file is in a temporary folder, removed with it
@@ -162,28 +155,14 @@ class PostgresLeaseColumnFloor:
     async def open(cls, url: str, table: str, *, keep_objects: bool) -> PostgresLeaseColumnFloor:
         from psycopg import sql
 
-        conn, name = await postgres_floor_table(url, table)
+        conn, name, statements = await postgres_session_table(
+            url, table, _TAKE_POSTGRES, save=_SAVE_POSTGRES
+        )
         await conn.execute(
             sql.SQL(
                 "ALTER TABLE {} ADD COLUMN lease_owner text, ADD COLUMN lease_expires float8"
             ).format(name)
         )
-
-        def text(statement: str) -> bytes:
-            return sql.SQL(statement).format(kv=name).as_bytes(None)
-
-        statements = {
-            "take": text(_TAKE_POSTGRES),
-            "save": text(_SAVE_POSTGRES),
-            "spill": text(
-                "WITH chunk AS (INSERT INTO {kv} (scope, key, value, version, expires_at) "
-                "VALUES (%(scope)s, %(chunk_key)s, %(chunk)s, %(chunk_version)s, "
-                "%(expires_at)s)) " + _SAVE_POSTGRES
-            ),
-            "insert": text(
-                "INSERT INTO {kv} (scope, key, value, version) VALUES (%s, 'state', %s, %s)"
-            ),
-        }
         return cls(conn, name, statements, LeaseColumnTurns(keep_objects=keep_objects))
 
     async def start(self, sid: str, messages: Sequence[Any]) -> None:
@@ -191,8 +170,6 @@ class PostgresLeaseColumnFloor:
         await self._conn.execute(self._sql["insert"], (SCOPE_PREFIX + sid, state, version))
 
     async def turn(self, sid: str, added: Sequence[Any]) -> None:
-        from session_floors import postgres_save
-
         cursor, scope, now, turns = self._cursor, SCOPE_PREFIX + sid, time.time(), self._turns
         state, expected, header = turns.taking(sid)
         token = new_version()

@@ -82,11 +82,11 @@ POSTGRES_SAVE = (
 
 
 async def postgres_session_table(
-    url: str, table: str, take: str
+    url: str, table: str, take: str, save: str = POSTGRES_SAVE
 ) -> tuple[Any, Any, dict[str, bytes]]:
     """A session floor's new table on PostgreSQL (:func:`postgres_floor_table`) and its
-    statements, each with ``{kv}`` filled in: ``take`` as given, ``save``
-    (:data:`POSTGRES_SAVE`), ``spill`` (a chunk's insert with the save, one statement)
+    statements, each with ``{kv}`` filled in: ``take`` as given, ``save`` (by default
+    :data:`POSTGRES_SAVE`), ``spill`` (a chunk's insert with the save, one statement)
     and ``insert`` (a first state). Returns (connection, table name, statements)."""
     from psycopg import sql
 
@@ -100,10 +100,10 @@ async def postgres_session_table(
         name,
         {
             "take": text(take),
-            "save": text(POSTGRES_SAVE),
+            "save": text(save),
             "spill": text(
                 "WITH chunk AS (INSERT INTO {kv} VALUES (%(scope)s, %(chunk_key)s, %(chunk)s, "
-                "%(chunk_version)s, %(expires_at)s)) " + POSTGRES_SAVE
+                "%(chunk_version)s, %(expires_at)s)) " + save
             ),
             "insert": text("INSERT INTO {kv} VALUES (%s, 'state', %s, %s, NULL)"),
         },
@@ -140,6 +140,14 @@ async def postgres_save(
     return version
 
 
+#: The fenced save of a session floor on SQLite: the state swapped for the new one if it
+#: still holds the version the acquire wrote.
+SQLITE_SAVE = (
+    "UPDATE kv SET value = ?, version = ?, expires_at = ? "
+    "WHERE scope = ? AND key = 'state' AND version = ?"
+)
+
+
 def sqlite_save(
     conn: sqlite3.Connection,
     scope: str,
@@ -147,20 +155,20 @@ def sqlite_save(
     expected: str,
     expires_at: float,
     chunk: tuple[str, bytes] | None,
+    save: str = SQLITE_SAVE,
 ) -> str:
     """The fenced save of a session floor on SQLite: ``state`` if the stored one still
-    holds ``expected`` (the acquire's version), one ``UPDATE``; with a spilled ``chunk``
-    (key, bytes), its insert and the ``UPDATE`` in one transaction. Returns the state's
-    new version."""
+    holds ``expected`` (the acquire's version), one ``UPDATE`` (``save``, with
+    :data:`SQLITE_SAVE`'s parameters); with a spilled ``chunk`` (key, bytes), its insert
+    and the ``UPDATE`` in one transaction. Returns the state's new version."""
     version = new_version()
     if chunk is not None:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO kv VALUES (?, ?, ?, ?, ?)", (scope, *chunk, expected, expires_at))
-    done = conn.execute(
-        "UPDATE kv SET value = ?, version = ?, expires_at = ? "
-        "WHERE scope = ? AND key = 'state' AND version = ?",
-        (state, version, expires_at, scope, expected),
-    ).rowcount
+        conn.execute(
+            "INSERT INTO kv (scope, key, value, version, expires_at) VALUES (?, ?, ?, ?, ?)",
+            (scope, *chunk, expected, expires_at),
+        )
+    done = conn.execute(save, (state, version, expires_at, scope, expected)).rowcount
     if chunk is not None:
         conn.execute("COMMIT")
     assert done == 1

@@ -424,15 +424,6 @@ class SQLiteKV(KVStore):
         return await self._run(op)
 
     @staticmethod
-    def live_version_in(c: sqlite3.Connection, scope: str, key: str, now: float) -> str | None:
-        """The live version of ``(scope, key)`` on connection ``c``, or None."""
-        row = c.execute(
-            f"SELECT version FROM agent_stores_kv WHERE scope = ? AND key = ? AND {_LIVE}",
-            (scope, key, now),
-        ).fetchone()
-        return str(row[0]) if row else None
-
-    @staticmethod
     def entries_in(
         c: sqlite3.Connection, scope: str, keys: Sequence[str], now: float | None = None
     ) -> dict[str, Entry]:
