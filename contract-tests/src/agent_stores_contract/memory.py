@@ -1337,7 +1337,11 @@ class _ScriptedModel:
     """A FunctionModel script: ``remember: X`` writes memory, ``search: X`` searches, else it answers.
 
     Records the user-channel text of every request (``seen``), memory snapshots included,
-    and the content of every tool result (``tool_results``).
+    and the content of every tool result (``tool_results``). The command is the run's user
+    prompt: the first text part of its first request (each run starts a new conversation).
+    What capabilities add later is not it: since pydantic-ai-harness 0.75 the memory snapshot
+    reaches the model as user-channel parts after the prompt (a ``<system>`` note, then the
+    ``<memory>`` block).
     """
 
     def __init__(self) -> None:
@@ -1354,7 +1358,7 @@ class _ScriptedModel:
                 if isinstance(part, UserPromptPart):
                     if isinstance(part.content, str):
                         texts.append(part.content)
-                        prompt = part.content
+                        prompt = prompt or part.content
                     else:
                         texts += [c.content for c in part.content if isinstance(c, TextContent)]
                         texts += [c for c in part.content if isinstance(c, str)]
