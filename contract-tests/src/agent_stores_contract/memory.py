@@ -2,7 +2,7 @@
 
 Covers every behaviour of ``pydantic_ai_harness.memory``'s ``MemoryStore``,
 ``SearchableMemoryStore`` and ``MetadataMemoryStore`` (checked side by side with the
-harness's own ``InMemoryStore`` where the harness defines the answer), the 15 guarantees
+harness's own ``InMemoryMemoryStore`` where the harness defines the answer), the 15 guarantees
 of pydantic-ai-memory-core's contract, and the ones that contract never had: lost
 acknowledgements replay, crashes never wedge an operation id, receipts are collected,
 search and listing cost a bounded number of round trips and never leave their namespace,
@@ -46,7 +46,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai_harness.memory import (
-    InMemoryStore,
+    InMemoryMemoryStore,
     Memory,
     MemoryConflictError,
     MemoryMutation,
@@ -685,7 +685,7 @@ class MemoryContract(ContractBase):
     # -- search ---------------------------------------------------------------------------
 
     async def test_search_matches_harness_reference(self, memory: KVMemoryStore) -> None:
-        """search returns exactly what the harness's own InMemoryStore returns (matches, snippets,
+        """search returns exactly what the harness's own InMemoryMemoryStore returns (matches, snippets,
         scores, scanned, truncated) for the same files, queries and bounds."""
         files = {
             "u/main/MEMORY.md": "- likes tea\n- lives in Lisbon\n",
@@ -697,7 +697,7 @@ class MemoryContract(ContractBase):
             "v/main/tea.md": "tea",
             "u/main/z.md": "nothing relevant " * 100,
         }
-        reference = InMemoryStore()
+        reference = InMemoryMemoryStore()
         for path, content in files.items():
             await memory.write(path, content, expected_version=None)
             await reference.write(path, content, expected_version=None)
@@ -808,8 +808,8 @@ class MemoryContract(ContractBase):
 
     async def test_bad_paths_and_bounds_match_harness(self, memory: KVMemoryStore) -> None:
         """Bad paths, prefixes, bounds and metadata raise ValueError/TypeError exactly where the harness's
-        InMemoryStore does, and valid edge cases are accepted by both."""
-        reference = InMemoryStore()
+        InMemoryMemoryStore does, and valid edge cases are accepted by both."""
+        reference = InMemoryMemoryStore()
         bad_metadata: list[Any] = [{"k": 1}, {"k\x00": "v"}, {"k": "v" * 5000}, {1: "v"}]
         for store in (memory, reference):
             await store.write("ok/exists.md", "x", expected_version=None)

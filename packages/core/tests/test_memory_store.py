@@ -22,7 +22,7 @@ from agent_stores.kv.counting import CountingKV
 from agent_stores.memory import KVMemoryStore, append_memory, read_whole
 from agent_stores_contract.memory import MemoryContract, crash_content, op
 from pydantic_ai_harness.memory import (
-    InMemoryStore,
+    InMemoryMemoryStore,
     MemoryConflictError,
     MemoryOperation,
     SqliteMemoryStore,
@@ -298,7 +298,9 @@ async def test_open_memory_and_connect(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["in-memory", "sqlite"])
 async def test_append_memory_on_harness_stores(kind: str, tmp_path: Path) -> None:
     store = (
-        InMemoryStore() if kind == "in-memory" else SqliteMemoryStore(database=tmp_path / "h.db")
+        InMemoryMemoryStore()
+        if kind == "in-memory"
+        else SqliteMemoryStore(database=tmp_path / "h.db")
     )
     await asyncio.gather(*(append_memory(store, "u/main/log.md", f"t{i}") for i in range(20)))
     found = await store.read("u/main/log.md", max_chars=10_000)
@@ -352,7 +354,7 @@ class _NoMetadata:
     """A MemoryStore without write_with_metadata (the protocol's minimum)."""
 
     def __init__(self) -> None:
-        self._inner = InMemoryStore()
+        self._inner = InMemoryMemoryStore()
         self.read = self._inner.read
         self.get_operation = self._inner.get_operation
         self.write = self._inner.write
