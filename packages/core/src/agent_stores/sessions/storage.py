@@ -264,6 +264,53 @@ def _expires_before(ref: ChunkRef, horizon: float) -> bool:
 
 
 @dataclass
+class _ForkPlan:
+    """What a fork takes from its source, read from one committed state of it (the shared
+    chunks already pinned for the new session): planned before anything is written."""
+
+    header: StateHeader
+    #: how many of the source's messages the new session has
+    count: int
+    #: the latched effect calls the new session keeps
+    recovery: tuple[EffectCall, ...]
+    plan: _Plan
+    #: the catalog fields the new session is to have
+    wanted: dict[str, Any]
+    #: whether the chunks are shared (same owner) rather than copied
+    share: bool
+    now: float
+
+
+def _pin_keys(
+    entry: Entry | None, keys: set[str], *, grow: bool
+) -> tuple[frozenset[str], set[str]]:
+    """The keys a stored pin (``entry``, None: none) names, and those it is to name: its
+    keys and ``keys`` when a fork grows it or it is damaged (written again whole from
+    ``keys``), else only those of its keys still in ``keys`` (a pin only shrinks, see
+    :meth:`KVSessionStorage._set_pin`)."""
+    old: frozenset[str] = frozenset()
+    damaged = False
+    if entry is not None:
+        try:
+            old = decode_pin(entry.value)[1]
+        except RecordError:
+            damaged = True
+    want = set(keys) | old if grow or damaged else set(keys) & old
+    return old, want
+
+
+def _pin_end(entry: Entry | None, *, grow: bool, expires_at: float | None) -> float | None:
+    """When a pin written over ``entry`` expires: never when the stored pin never expires
+    or a fork grows it with chunks that never expire (some of the chunks never do), else
+    the later of the stored pin's end and ``expires_at`` (a pin outlives what it names)."""
+    if (entry is not None and entry.expires_at is None) or (grow and expires_at is None):
+        return None
+    stored_end = None if entry is None else entry.expires_at
+    ends = [x for x in (expires_at, stored_end) if x is not None]
+    return max(ends) if ends else None
+
+
+@dataclass
 class _Refreshed:
     """Chunks after re-copying those that would expire before a state written now."""
 
@@ -947,46 +994,13 @@ class KVSessionStorage:
             entry = await self._call(session_id, self.kv.get(home, key))
             if entry is None and not grow:
                 return set()
-            old: frozenset[str] = frozenset()
-            damaged = False
-            if entry is not None:
-                try:
-                    old = decode_pin(entry.value)[1]
-                except RecordError:
-                    damaged = True  # written again whole from ``keys``
-            want = set(keys) | old if grow or damaged else set(keys) & old
+            old, want = _pin_keys(entry, keys, grow=grow)
             if entry is not None and want == old:
                 return set()
-            now = self.clock()
-            end: float | None
-            if (entry is not None and entry.expires_at is None) or (grow and expires_at is None):
-                end = None  # some of the chunks never expire
-            else:
-                stored_end = None if entry is None else entry.expires_at
-                ends = [x for x in (expires_at, stored_end) if x is not None]
-                end = max(ends) if ends else None
-            ttl = None if end is None else max(end - now, 1.0)
+            end = _pin_end(entry, grow=grow, expires_at=expires_at)
+            ttl = None if end is None else max(end - self.clock(), 1.0)
             try:
-                if not want:
-                    if entry is not None:
-                        await self._call(
-                            session_id, self.kv.delete(home, key, expected_version=entry.version)
-                        )
-                elif entry is None:
-                    await self._call(
-                        session_id, self.kv.create(home, key, encode_pin(pinner, want), ttl=ttl)
-                    )
-                else:
-                    await self._call(
-                        session_id,
-                        self.kv.replace(
-                            home,
-                            key,
-                            encode_pin(pinner, want),
-                            expected_version=entry.version,
-                            ttl=ttl,
-                        ),
-                    )
+                await self._write_pin(session_id, home, pinner, entry, want, ttl)
             except ConflictError:
                 continue
             return set(old) - want
@@ -994,6 +1008,36 @@ class KVSessionStorage:
             f"session {session_id!r}: its pin in {home!r} changed too often to be written",
             session_id=session_id,
         )
+
+    async def _write_pin(
+        self,
+        session_id: str,
+        home: str,
+        pinner: str,
+        entry: Entry | None,
+        want: set[str],
+        ttl: float | None,
+    ) -> None:
+        """Write the pin of ``pinner`` in ``home`` (read as ``entry``) naming ``want``:
+        deleted when it names nothing, created when there was none, else replaced; each
+        conditional on what was read (:class:`ConflictError` when it changed since)."""
+        key = pin_key(pinner)
+        if not want:
+            if entry is not None:
+                await self._call(
+                    session_id, self.kv.delete(home, key, expected_version=entry.version)
+                )
+        elif entry is None:
+            await self._call(
+                session_id, self.kv.create(home, key, encode_pin(pinner, want), ttl=ttl)
+            )
+        else:
+            await self._call(
+                session_id,
+                self.kv.replace(
+                    home, key, encode_pin(pinner, want), expected_version=entry.version, ttl=ttl
+                ),
+            )
 
     def _discard_unreferenced(self, session_id: str, scope: str, refs: Sequence[ChunkRef]) -> None:
         """After a lost CAS that wrote ``refs``: delete those the stored state does not reference.
@@ -1596,21 +1640,7 @@ class KVSessionStorage:
         recovery, since = header.recovery, header.recovery_since
         if recovery and messages is not None and effect_calls_succeeded(recovery, messages):
             recovery, since = (), None
-        count = sum(c.count for c in plan.chunks) + plan.tail_count
-        if release and (catalog is not None or header.catalog is not None):
-            new_catalog = await self._next_catalog(handle, catalog, messages, count, now)
-        else:
-            new_catalog = header.catalog
-        if (new_catalog or {}).get("owner") != (header.catalog or {}).get("owner") and any(
-            r.home is not None for r in plan.chunks
-        ):
-            # Owners never share chunks (erasing one must not break or expose the other's
-            # session): a session changing owner takes copies of what it shared.
-            unshared = await self._refresh_chunks(
-                handle.session_id, handle.scope, plan.chunks, now, unshare=True
-            )
-            plan.chunks, plan.writes = unshared.chunks, [*plan.writes, *unshared.writes]
-            plan.obsolete = [*plan.obsolete, *unshared.obsolete]
+        new_catalog = await self._saved_catalog(handle, catalog, messages, plan, now, release)
         new_header = replace(
             header,
             catalog=new_catalog,
@@ -1638,6 +1668,36 @@ class KVSessionStorage:
         handle.pending_effects = recovery
         if not release:
             handle.lease_expires_at = now + self.lease_seconds
+
+    async def _saved_catalog(
+        self,
+        handle: LeaseHandle,
+        catalog: CatalogUpdate | None,
+        messages: Sequence[ModelMessage] | None,
+        plan: _Plan,
+        now: float,
+        release: bool,
+    ) -> dict[str, Any] | None:
+        """The catalog field a save stores (written to the owner's index only by the turn's
+        last write, the release); when it changes the owner, ``plan`` takes copies of the
+        chunks it shared."""
+        header = handle.header
+        if release and (catalog is not None or header.catalog is not None):
+            count = sum(c.count for c in plan.chunks) + plan.tail_count
+            new_catalog = await self._next_catalog(handle, catalog, messages, count, now)
+        else:
+            new_catalog = header.catalog
+        if (new_catalog or {}).get("owner") != (header.catalog or {}).get("owner") and any(
+            r.home is not None for r in plan.chunks
+        ):
+            # Owners never share chunks (erasing one must not break or expose the other's
+            # session): a session changing owner takes copies of what it shared.
+            unshared = await self._refresh_chunks(
+                handle.session_id, handle.scope, plan.chunks, now, unshare=True
+            )
+            plan.chunks, plan.writes = unshared.chunks, [*plan.writes, *unshared.writes]
+            plan.obsolete = [*plan.obsolete, *unshared.obsolete]
+        return new_catalog
 
     def _open_turn(
         self, handle: LeaseHandle, messages: Sequence[ModelMessage] | None
@@ -2403,6 +2463,33 @@ class KVSessionStorage:
             )
         if await self._call(new_id, self.kv.get(target, STATE_KEY)) is not None:
             raise SessionExistsError(f"session {new_id!r} already exists", session_id=new_id)
+        # Planning (what the new session takes, its shared chunks pinned) is done whole
+        # before anything of the new session is written, so a source that keeps changing
+        # costs retries of reads and pins only.
+        taken = await self._plan_fork(source_id, source, new_id, target, at_turn, catalog)
+        written = await self._write_fork(new_id, target, source_id, taken, at_turn)
+        return ForkReport(
+            session_id=new_id,
+            source=source_id,
+            message_count=taken.count,
+            at_turn=at_turn,
+            shared_chunks=sum(1 for r in taken.plan.chunks if r.home is not None),
+            copied=not taken.share,
+            bytes_written=written,
+        )
+
+    async def _plan_fork(
+        self,
+        source_id: str,
+        source: str,
+        new_id: str,
+        target: str,
+        at_turn: int | None,
+        catalog: CatalogUpdate | None,
+    ) -> _ForkPlan:
+        """What a fork of ``source_id`` into ``new_id`` takes, read from the source's
+        committed state, with the chunks it shares pinned for the new session (read again
+        from scratch, up to :data:`_FORK_ATTEMPTS` times, when the source changed under it)."""
         for _ in range(_FORK_ATTEMPTS):
             version, header, tail, count = await self._committed(source_id, source)
             now = self.clock()
@@ -2421,31 +2508,53 @@ class KVSessionStorage:
                 if again is not None and again.version != version:
                     continue
                 raise self._invalid(source_id, f"history chunk {missing} is missing") from None
-            pinned = refs_by_home(target, [r for r in plan.chunks if r.home is not None])
-            for home, refs in sorted(pinned.items()):
-                ends = [r.expires_at for r in refs]
-                await self._set_pin(
-                    new_id,
-                    home,
-                    target,
-                    {r.key for r in refs},
-                    grow=True,
-                    expires_at=None if None in ends else max(e for e in ends if e is not None),
-                )
-            again = await self._call(source_id, self.kv.get(source, STATE_KEY))
-            still = (
-                set()
-                if again is None
-                else {r.key for r in self._decode(source_id, again.value)[0].chunks}
+            if await self._pin_for_fork(source_id, source, new_id, target, plan.chunks):
+                return _ForkPlan(header, count, recovery, plan, wanted, share, now)
+        raise SessionStoreError(
+            f"session {source_id!r} changed too often to be forked", session_id=source_id
+        )
+
+    async def _pin_for_fork(
+        self,
+        source_id: str,
+        source: str,
+        new_id: str,
+        target: str,
+        chunks: Sequence[ChunkRef],
+    ) -> bool:
+        """Pin, for the session at ``target``, the shared ones of ``chunks`` in their homes;
+        whether the source still references every one of them once pinned (if not, the
+        pins are let go: a turn of the source may have collected a chunk before the pin
+        landed, and the fork must be planned again)."""
+        pinned = refs_by_home(target, [r for r in chunks if r.home is not None])
+        for home, refs in sorted(pinned.items()):
+            ends = [r.expires_at for r in refs]
+            await self._set_pin(
+                new_id,
+                home,
+                target,
+                {r.key for r in refs},
+                grow=True,
+                expires_at=None if None in ends else max(e for e in ends if e is not None),
             )
-            if all(r.key in still for rs in pinned.values() for r in rs):
-                break
-            await self.let_go(new_id, target, [r for rs in pinned.values() for r in rs])
-        else:
-            raise SessionStoreError(
-                f"session {source_id!r} changed too often to be forked", session_id=source_id
-            )
-        lineage = lineage_doc(source_id, count, at_turn, now)
+        again = await self._call(source_id, self.kv.get(source, STATE_KEY))
+        still = (
+            set()
+            if again is None
+            else {r.key for r in self._decode(source_id, again.value)[0].chunks}
+        )
+        if all(r.key in still for rs in pinned.values() for r in rs):
+            return True
+        await self.let_go(new_id, target, [r for rs in pinned.values() for r in rs])
+        return False
+
+    async def _write_fork(
+        self, new_id: str, target: str, source_id: str, taken: _ForkPlan, at_turn: int | None
+    ) -> int:
+        """Write the new session of a planned fork (its copied chunks, then its state,
+        created, never overwritten); the bytes written. On any failure the chunks it
+        wrote or pinned are let go in the background."""
+        plan, now = taken.plan, taken.now
         written = sum(len(p) for w in plan.writes for p in w.parts)
         try:
             await asyncio.gather(
@@ -2461,20 +2570,14 @@ class KVSessionStorage:
             fresh = StateHeader(
                 chunks=tuple(plan.chunks),
                 tail_count=plan.tail_count,
-                recovery=recovery,
-                recovery_since=header.recovery_since if recovery else None,
+                recovery=taken.recovery,
+                recovery_since=taken.header.recovery_since if taken.recovery else None,
                 created_at=now,
                 updated_at=now,
-                lineage=lineage,
+                lineage=lineage_doc(source_id, taken.count, at_turn, now),
             )
             handle = LeaseHandle(new_id, target, "", 0, 0.0, [], (), "", fresh, plan.tail)
-            new_catalog = None
-            if wanted:
-                # Only what the source's user set is carried over (not its index bookkeeping).
-                update = CatalogUpdate.of(
-                    wanted.get("owner"), wanted.get("title"), wanted.get("tags"), wanted.get("meta")
-                )
-                new_catalog = await self._next_catalog(handle, update, None, count, now)
+            new_catalog = await self._fork_catalog(handle, taken)
             value = encode_state(replace(fresh, catalog=new_catalog), plan.tail)
             written += len(value)
             await self._call(new_id, self.kv.create(target, STATE_KEY, value, ttl=self.ttl_seconds))
@@ -2485,16 +2588,18 @@ class KVSessionStorage:
                     f"session {new_id!r} already exists", session_id=new_id
                 ) from None
             raise
-        shared = sum(1 for r in plan.chunks if r.home is not None)
-        return ForkReport(
-            session_id=new_id,
-            source=source_id,
-            message_count=count,
-            at_turn=at_turn,
-            shared_chunks=shared,
-            copied=not share,
-            bytes_written=written,
+        return written
+
+    async def _fork_catalog(self, handle: LeaseHandle, taken: _ForkPlan) -> dict[str, Any] | None:
+        """The catalog field of a fork's new session (its owner's index written first)."""
+        wanted = taken.wanted
+        if not wanted:
+            return None
+        # Only what the source's user set is carried over (not its index bookkeeping).
+        update = CatalogUpdate.of(
+            wanted.get("owner"), wanted.get("title"), wanted.get("tags"), wanted.get("meta")
         )
+        return await self._next_catalog(handle, update, None, taken.count, taken.now)
 
     async def rewind(self, handle: LeaseHandle, to_turn: int) -> BranchInfo:
         """Cut the held session's history back to ``to_turn``, keeping what it held as a
