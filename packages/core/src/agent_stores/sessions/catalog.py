@@ -168,34 +168,54 @@ class CatalogUpdate:
         """A checked update, or None when nothing is asked (raises ``ValueError``/``TypeError``)."""
         if owner is None and title is None and tags is None and metadata is None:
             return None
+        # Each field is checked by a function of its own, in the order of the arguments
+        # (the first bad one is the one reported).
         if owner is not None:
             check_owner_text(owner)
         if title is not None:
-            if not isinstance(title, str):
-                raise TypeError(f"title must be a string, got {type(title).__name__}")
-            if len(title) > MAX_TITLE_CHARS:
-                raise ValueError(f"title is {len(title)} characters; at most {MAX_TITLE_CHARS}")
-        checked_tags: tuple[str, ...] | None = None
-        if tags is not None:
-            if isinstance(tags, str):
-                raise TypeError("tags must be a sequence of strings, not one string")
-            checked_tags = tuple(dict.fromkeys(tags))
-            if len(checked_tags) > MAX_TAGS:
-                raise ValueError(f"{len(checked_tags)} tags; at most {MAX_TAGS}")
-            for tag in checked_tags:
-                if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_CHARS:
-                    raise ValueError(f"a tag must be a string of 1-{MAX_TAG_CHARS} characters")
+            _check_title(title)
+        checked_tags = None if tags is None else _checked_tags(tags)
         if metadata is not None:
-            if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
-                raise TypeError("metadata must be a mapping with string keys")
-            try:
-                encoded = json.dumps(dict(metadata), allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"metadata must be JSON-serializable: {exc}") from None
-            if len(encoded.encode()) > MAX_METADATA_BYTES:
-                raise ValueError(f"metadata is over {MAX_METADATA_BYTES} bytes of JSON")
-            metadata = json.loads(encoded)  # stored exactly as it reads back
+            metadata = _checked_metadata(metadata)
         return CatalogUpdate(owner, title, checked_tags, metadata)
+
+
+def _check_title(title: object) -> None:
+    """Raise ``TypeError``/``ValueError`` for a title no catalog stores."""
+    if not isinstance(title, str):
+        raise TypeError(f"title must be a string, got {type(title).__name__}")
+    if len(title) > MAX_TITLE_CHARS:
+        raise ValueError(f"title is {len(title)} characters; at most {MAX_TITLE_CHARS}")
+
+
+def _checked_tags(tags: Sequence[str]) -> tuple[str, ...]:
+    """``tags`` without repeats, in their order (``TypeError``/``ValueError`` when a
+    catalog cannot store them)."""
+    if isinstance(tags, str):
+        raise TypeError("tags must be a sequence of strings, not one string")
+    checked = tuple(dict.fromkeys(tags))
+    if len(checked) > MAX_TAGS:
+        raise ValueError(f"{len(checked)} tags; at most {MAX_TAGS}")
+    for tag in checked:
+        if not isinstance(tag, str) or not tag or len(tag) > MAX_TAG_CHARS:
+            raise ValueError(f"a tag must be a string of 1-{MAX_TAG_CHARS} characters")
+    return checked
+
+
+def _checked_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """``metadata`` exactly as it reads back once stored (a JSON round trip), or
+    ``TypeError``/``ValueError`` when it is not a JSON object of at most
+    ``MAX_METADATA_BYTES``."""
+    if not isinstance(metadata, Mapping) or not all(isinstance(k, str) for k in metadata):
+        raise TypeError("metadata must be a mapping with string keys")
+    try:
+        encoded = json.dumps(dict(metadata), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"metadata must be JSON-serializable: {exc}") from None
+    if len(encoded.encode()) > MAX_METADATA_BYTES:
+        raise ValueError(f"metadata is over {MAX_METADATA_BYTES} bytes of JSON")
+    loaded: dict[str, Any] = json.loads(encoded)
+    return loaded
 
 
 def check_owner_text(owner: object) -> None:

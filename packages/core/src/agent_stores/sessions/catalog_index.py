@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import ConflictError
-from ..kv.base import Check, Create, Delete, KVStore, Operation, Replace
+from ..kv.base import Check, Create, Delete, Entry, KVStore, Operation, Replace, ScanItem
 from .catalog import (
     ERASING_KEY,
     POINTER_PREFIX,
@@ -269,6 +269,9 @@ class CatalogIndex:
         start_after = decode_cursor(cursor) if cursor is not None else None
         wanted = set(tags or ())
         out: list[SessionSummary] = []
+        # Walk the index in reads of what is still wanted (plus one, to know whether more
+        # follow) until the page is full or the index ends; each entry is judged by
+        # :meth:`_listed` (stale or filtered out entries make another read necessary).
         while True:
             want = limit - len(out)
             page = await self._call(
@@ -279,35 +282,46 @@ class CatalogIndex:
                 return SessionPage(out, None)
             if want == 0:  # the page filled up exactly at the end of the previous read
                 return SessionPage(out, encode_cursor(start_after or ""))
-            ids = {item.key: item.key.split("/", 2)[2] for item in page}
             pointers = await self._call(
                 owner,
-                self.kv.get_many(scope, [pointer_key(i) for i in dict.fromkeys(ids.values())]),
+                self.kv.get_many(
+                    scope, [pointer_key(i) for i in dict.fromkeys(map(_session_of, page))]
+                ),
             )
             for item in page:
                 if len(out) == limit:
                     # An entry follows the last one returned: there may be more.
                     return SessionPage(out, encode_cursor(start_after or ""))
                 start_after = item.key
-                stored = pointers.get(pointer_key(ids[item.key]))
-                if stored is None or pointed_key(stored.value) != item.key:
-                    assert item.entry is not None
-                    self._spawn(
-                        self.kv.delete(scope, item.key, expected_version=item.entry.version)
-                    )
-                    continue
-                assert item.entry is not None
-                summary = summary_of(owner, item.entry.value)
-                if summary is None:
-                    log.warning(
-                        "owner index %r: entry %r does not decode; skipped", scope, item.key
-                    )
-                    continue
-                if wanted and not wanted.issubset(summary.tags):
-                    continue
-                out.append(summary)
+                summary = self._listed(owner, scope, item, pointers, wanted)
+                if summary is not None:
+                    out.append(summary)
             if len(page) <= want:
                 return SessionPage(out, None)
+
+    def _listed(
+        self,
+        owner: str,
+        scope: str,
+        item: ScanItem,
+        pointers: Mapping[str, Entry],
+        wanted: set[str],
+    ) -> SessionSummary | None:
+        """The summary an index entry lists, or None when it is not listed: stale (its
+        session's pointer names another entry, or none; deleted in the background), not
+        decodable (logged) or without every tag in ``wanted``."""
+        assert item.entry is not None
+        stored = pointers.get(pointer_key(_session_of(item)))
+        if stored is None or pointed_key(stored.value) != item.key:
+            self._spawn(self.kv.delete(scope, item.key, expected_version=item.entry.version))
+            return None
+        summary = summary_of(owner, item.entry.value)
+        if summary is None:
+            log.warning("owner index %r: entry %r does not decode; skipped", scope, item.key)
+            return None
+        if wanted and not wanted.issubset(summary.tags):
+            return None
+        return summary
 
     async def named(self, owner: str) -> dict[str, list[str]]:
         """Every session the owner's index names (by a pointer or an entry) -> its keys there."""
@@ -322,3 +336,8 @@ class CatalogIndex:
                 continue
             found.setdefault(session_id, []).append(item.key)
         return found
+
+
+def _session_of(item: ScanItem) -> str:
+    """The session id an index entry (``r/<at>/<session id>``) is for."""
+    return item.key.split("/", 2)[2]
