@@ -1,0 +1,55 @@
+"""Pydantic AI's UI adapters on our ConversationStore, as a chat app uses them.
+
+``VercelAIAdapter`` and ``AGUIAdapter`` with ``conversation_store=`` the store opened by
+``agent_stores.open_conversations(url)`` and ``conversation_scope=`` the user, served by
+Starlette and driven by its ``TestClient`` (the scenarios: ``ui_adapter_support.py``).
+Here on SQLite and ``memory://``, with Pydantic AI's ``InMemoryConversationStore`` as the
+reference; the Redis package runs the same scenarios on Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import agent_stores
+import pytest
+from pydantic_ai.conversation_store import ConversationStore, InMemoryConversationStore
+from ui_adapter_support import StoreOpener, ag_ui_chat_story, vercel_chat_story
+
+
+def url_opener(url: str) -> StoreOpener:
+    if not hasattr(agent_stores, "open_conversations"):
+        pytest.skip("agent_stores.open_conversations is not there yet")
+
+    @asynccontextmanager
+    async def open_store() -> AsyncIterator[ConversationStore]:
+        async with agent_stores.open_conversations(url) as store:
+            assert isinstance(store, ConversationStore)
+            yield store
+
+    return open_store
+
+
+@asynccontextmanager
+async def reference_store() -> AsyncIterator[ConversationStore]:
+    yield InMemoryConversationStore()
+
+
+@pytest.fixture(params=["pydantic-ai-in-memory", "memory", "sqlite"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreOpener:
+    """Opens the store the app serves, in the app's lifespan (on its event loop)."""
+    if request.param == "pydantic-ai-in-memory":
+        return reference_store
+    if request.param == "memory":
+        return url_opener("memory://")
+    return url_opener(f"sqlite:///{tmp_path / 'chat.db'}")
+
+
+def test_vercel_ai_chat(open_store: StoreOpener) -> None:
+    vercel_chat_story(open_store)
+
+
+def test_ag_ui_chat(open_store: StoreOpener) -> None:
+    ag_ui_chat_story(open_store)
