@@ -250,6 +250,48 @@ async def fork_run(
             f"at= is a snapshot position (int), a journal step id (str) or None, got {at!r}"
         )
     kv, space = checkpointer.kv, checkpointer.space
+    fork_id = await _fork_id(checkpointer, run_id, new_run_id)
+    steps = _step_store(checkpointer)
+    reads = _SourceReads()
+    # The fork's claim is its plan: a retry of an interrupted fork finds it and copies
+    # what it names, so it never plans twice (the source may have moved on since).
+    lineage = await fork_lineage(kv, space, fork_id)
+    if lineage is None:
+        lineage = await _plan_fork(checkpointer, steps, run_id, fork_id, at, reads)
+    _check_same_fork(lineage, run_id, at)
+    point = lineage.point
+    journal = await _copy_fork_journal(checkpointer, run_id, fork_id, point, reads)
+    snapshots, effects, calls = await _copy_fork_snapshots(
+        checkpointer, steps, run_id, fork_id, point, reads
+    )
+    await _finish_fork(checkpointer, steps, run_id, fork_id, lineage)
+    uncertain: tuple[str, ...] = ()
+    if reads.state is not None and point.journal_seq is not None:
+        uncertain = _uncertain_steps(fork_id, reads.state, point.journal_seq)
+    return RunFork(
+        run_id=fork_id,
+        source_run_id=run_id,
+        point=point,
+        journal_entries=journal,
+        snapshots=snapshots,
+        tool_effects=effects,
+        calls=calls,
+        uncertain_steps=uncertain,
+    )
+
+
+@dataclass
+class _SourceReads:
+    """What a fork read of its source run so far, so that no step of it reads it twice."""
+
+    state: RunState | None = None
+    numbered: list[tuple[int, ContinuableSnapshot]] | None = None
+
+
+async def _fork_id(checkpointer: Checkpointer, run_id: str, new_run_id: str | None) -> str:
+    """The id of a fork of ``run_id`` (``new_run_id``, else a fresh one), once both ids
+    are checked and the source is found to be a run that can be forked."""
+    kv, space = checkpointer.kv, checkpointer.space
     space.scope(run_id)  # validates the id
     fork_id = new_run_id if new_run_id is not None else f"{run_id}.fork-{uuid.uuid4().hex[:12]}"
     space.scope(fork_id)
@@ -264,45 +306,78 @@ async def fork_run(
             detail=f"run {run_id!r} is a fork of {source.source_run_id!r} whose copy did not "
             "finish: run fork_run on it again with the same arguments first"
         )
-    steps = _step_store(checkpointer)
-    lineage = await fork_lineage(kv, space, fork_id)
-    state: RunState | None = None
-    numbered: list[tuple[int, ContinuableSnapshot]] | None = None
-    if lineage is None:
-        if await checkpointer.get_run_info(fork_id) is not None:
-            raise RunExistsError(
-                detail=f"run {fork_id!r} already exists; a fork needs a new run id"
-            )
-        if at is None or isinstance(at, str):
-            state = await checkpointer.load(run_id)
-        if at is None or isinstance(at, int):
-            numbered = await _numbered(checkpointer, steps, run_id)
-        point = _resolve(run_id, at, state, numbered)
-        subjects = await run_subjects(kv, space, run_id)
-        # Before the fork's first write: an erase of the subject under way refuses the
-        # fork, and one that starts later finds it.
-        for subject in subjects:
-            await space.subjects.record(subject, SubjectEntry("run", space.scope_prefix, fork_id))
-        lineage = await _claim(checkpointer, fork_id, run_id, at, point, subjects)
-    _check_same_fork(lineage, run_id, at)
-    # (a retry reads its point back from the claim: the source may have moved on since)
-    point = lineage.point
-    journal = 0
-    if point.journal_seq is not None:
-        if state is None:
-            state = await checkpointer.load(run_id)
-        journal = await _copy_journal(checkpointer, fork_id, state, point.journal_seq)
-    copied: tuple[int, int, tuple[ResumedCall, ...]] = (0, 0, ())
-    if point.snapshot is not None:
-        if numbered is None:
-            numbered = await _numbered(checkpointer, steps, run_id)
-        assert steps is not None  # _numbered raised otherwise
-        if point.snapshot not in {n for n, _ in numbered}:  # pruned since the fork began
-            raise ForkPointError(
-                detail=f"snapshot {point.snapshot} of run {run_id!r} is gone; delete the "
-                f"incomplete fork {fork_id!r} and fork again"
-            )
-        copied = await _copy_steps(steps, run_id, fork_id, numbered, point.snapshot)
+    return fork_id
+
+
+async def _plan_fork(
+    checkpointer: Checkpointer,
+    steps: KVStepStore | None,
+    run_id: str,
+    fork_id: str,
+    at: int | str | None,
+    reads: _SourceReads,
+) -> ForkLineage:
+    """Resolve ``at`` in the source and claim ``fork_id`` for the fork (its first write)."""
+    kv, space = checkpointer.kv, checkpointer.space
+    if await checkpointer.get_run_info(fork_id) is not None:
+        raise RunExistsError(detail=f"run {fork_id!r} already exists; a fork needs a new run id")
+    if at is None or isinstance(at, str):
+        reads.state = await checkpointer.load(run_id)
+    if at is None or isinstance(at, int):
+        reads.numbered = await _numbered(checkpointer, steps, run_id)
+    point = _resolve(run_id, at, reads.state, reads.numbered)
+    subjects = await run_subjects(kv, space, run_id)
+    # Before the fork's first write: an erase of the subject under way refuses the
+    # fork, and one that starts later finds it.
+    for subject in subjects:
+        await space.subjects.record(subject, SubjectEntry("run", space.scope_prefix, fork_id))
+    return await _claim(checkpointer, fork_id, run_id, at, point, subjects)
+
+
+async def _copy_fork_journal(
+    checkpointer: Checkpointer, run_id: str, fork_id: str, point: ForkPoint, reads: _SourceReads
+) -> int:
+    """Copy the source's journal up to the fork point; the entries copied."""
+    if point.journal_seq is None:
+        return 0
+    if reads.state is None:
+        reads.state = await checkpointer.load(run_id)
+    return await _copy_journal(checkpointer, fork_id, reads.state, point.journal_seq)
+
+
+async def _copy_fork_snapshots(
+    checkpointer: Checkpointer,
+    steps: KVStepStore | None,
+    run_id: str,
+    fork_id: str,
+    point: ForkPoint,
+    reads: _SourceReads,
+) -> tuple[int, int, tuple[ResumedCall, ...]]:
+    """Copy the source's snapshots up to the fork point: (snapshots, tool effects, calls)."""
+    if point.snapshot is None:
+        return 0, 0, ()
+    if reads.numbered is None:
+        reads.numbered = await _numbered(checkpointer, steps, run_id)
+    assert steps is not None  # _numbered raised otherwise
+    if point.snapshot not in {n for n, _ in reads.numbered}:  # pruned since the fork began
+        raise ForkPointError(
+            detail=f"snapshot {point.snapshot} of run {run_id!r} is gone; delete the "
+            f"incomplete fork {fork_id!r} and fork again"
+        )
+    return await _copy_steps(steps, run_id, fork_id, reads.numbered, point.snapshot)
+
+
+async def _finish_fork(
+    checkpointer: Checkpointer,
+    steps: KVStepStore | None,
+    run_id: str,
+    fork_id: str,
+    lineage: ForkLineage,
+) -> None:
+    """Once everything is copied: mark the fork's subjects, list it under its source and
+    register it with the step store, then mark its record complete (last, so an
+    interrupted fork is never taken for a finished one)."""
+    kv, space = checkpointer.kv, checkpointer.space
     for subject in lineage.subjects:
         await mark_subject(kv, space, fork_id, subject)
     try:
@@ -317,20 +392,6 @@ async def fork_run(
     if steps is not None:
         await _register(steps, run_id, fork_id, lineage)
     await _complete(kv, space, fork_id)
-    uncertain: tuple[str, ...] = ()
-    if state is not None and point.journal_seq is not None:
-        uncertain = _uncertain_steps(fork_id, state, point.journal_seq)
-    snapshots, effects, calls = copied
-    return RunFork(
-        run_id=fork_id,
-        source_run_id=run_id,
-        point=point,
-        journal_entries=journal,
-        snapshots=snapshots,
-        tool_effects=effects,
-        calls=calls,
-        uncertain_steps=uncertain,
-    )
 
 
 def _step_store(checkpointer: Checkpointer) -> KVStepStore | None:
