@@ -20,11 +20,11 @@ import itertools
 import json
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio.to_thread
 from pydantic_ai import Agent
@@ -46,6 +46,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
+
+T = TypeVar("T")
 
 #: Opens the store the app serves: ``async with open_store() as store``.
 StoreOpener = Callable[[], AbstractAsyncContextManager[ConversationStore]]
@@ -256,11 +258,15 @@ class VercelChat:
         )
 
 
-def read_record(client: TestClient, chat_id: str) -> ConversationRecord | None:
-    """The stored record, read on the app's own event loop (the store lives there)."""
+def on_app_loop(client: TestClient, call: Callable[[ConversationStore], Awaitable[T]]) -> T:
+    """``call(store)`` awaited on the app's own event loop (the store lives there)."""
     store: ConversationStore = client.app.state.store  # type: ignore[attr-defined]
     assert client.portal is not None
-    return client.portal.call(store.read_record, chat_id)
+    return client.portal.call(lambda: call(store))
+
+
+def read_record(client: TestClient, chat_id: str) -> ConversationRecord | None:
+    return on_app_loop(client, lambda store: store.read_record(chat_id))
 
 
 def user_texts(messages: list[ModelMessage]) -> list[str]:
@@ -284,11 +290,15 @@ def response_texts(messages: list[ModelMessage]) -> list[str]:
 
 
 def load(client: TestClient, chat_id: str, user: str) -> list[ModelMessage]:
-    store: ConversationStore = client.app.state.store  # type: ignore[attr-defined]
-    assert client.portal is not None
-    conversation = client.portal.call(lambda: store.load(chat_id, scope=user))
+    conversation = on_app_loop(client, lambda store: store.load(chat_id, scope=user))
     assert conversation is not None
     return conversation.messages
+
+
+def listed(client: TestClient, user: str) -> list[str]:
+    """The user's conversations, most recent first (the chat app's sidebar)."""
+    records = on_app_loop(client, lambda store: store.list_conversations(scope=user, limit=20))
+    return [r.conversation_id for r in records]
 
 
 # --- the scenarios -----------------------------------------------------------------------
@@ -315,6 +325,15 @@ def vercel_chat_story(open_store: StoreOpener) -> None:
         assert [m["role"] for m in held] == ["user", "assistant"]
         # The client's message id is kept on the stored prompt (what a regenerate matches on).
         assert held[0]["id"] == tab.messages[0]["id"]
+        # The app titles the conversation after its first turn (never over the user's title).
+        on_app_loop(
+            client,
+            lambda store: store.update(
+                chat_id, title="Greetings", expected_title=None, scope="alice"
+            ),
+        )
+        assert listed(client, "alice") == [chat_id]
+        assert listed(client, "mallory") == []
 
         # 2. A follow-up appends; the client sends its whole history, the server keeps its own.
         follow = tab.send("and then?")
@@ -326,6 +345,9 @@ def vercel_chat_story(open_store: StoreOpener) -> None:
         assert response_texts(stored) == ["answer 1 to 'hello'", "answer 2 to 'and then?'"]
         before_regenerate = read_record(client, chat_id)
         assert before_regenerate is not None
+        assert record.usage.requests == 1
+        assert before_regenerate.usage.requests == 2  # usage adds up across the requests
+        assert before_regenerate.title == "Greetings"  # a save never undoes it
 
         # 3. Regenerate the last answer: the new one replaces it, the old tip is a branch.
         again = tab.regenerate()
@@ -335,6 +357,7 @@ def vercel_chat_story(open_store: StoreOpener) -> None:
         assert after is not None
         assert after.branches == [before_regenerate.head_id]
         assert after.head_id != before_regenerate.head_id
+        assert after.usage.requests == 3
         stored = load(client, chat_id, "alice")
         assert user_texts(stored) == ["hello", "and then?"]
         assert response_texts(stored) == ["answer 1 to 'hello'", "answer 3 to 'and then?'"]
@@ -402,6 +425,10 @@ def vercel_chat_story(open_store: StoreOpener) -> None:
         retried = tab.send("a slow question, again")
         assert errors_of(retried) == []
         assert user_texts(load(client, chat_id, "alice"))[-1] == "a slow question, again"
+        final = read_record(client, chat_id)
+        assert final is not None and final.title == "Greetings" and final.scope == "alice"
+        assert final.branches == [before_regenerate.head_id]
+        assert listed(client, "alice") == [chat_id]
 
 
 # --- the AG-UI client --------------------------------------------------------------------
