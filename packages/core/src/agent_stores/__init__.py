@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .connection import StoreConnection, connect, open_checkpointer, open_memory, open_sessions
+from .connection import (
+    StoreConnection,
+    connect,
+    open_checkpointer,
+    open_conversations,
+    open_memory,
+    open_sessions,
+)
 from .errors import (
     AppError,
     BackendNotInstalledError,
@@ -68,6 +75,7 @@ __all__ = [
     "default_url",
     "hookimpl",
     "open_checkpointer",
+    "open_conversations",
     "open_kv",
     "open_memory",
     "open_sessions",

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any, Unpack
 from .errors import ConfigError
 from .kv.base import KVStore
 from .lifecycle import AsyncCloseable
-from .options import CheckpointerOptions, MemoryOptions, SessionOptions
+from .options import CheckpointerOptions, ConversationOptions, MemoryOptions, SessionOptions
 from .plugins import get_registry
 from .selection import UrlLike, open_kv
 from .url import StoreURL
 
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer
+    from .conversations import KVConversationStore
     from .erasure import SubjectErasure
     from .memory import KVMemoryStore
     from .sessions import SessionStore
@@ -82,6 +83,19 @@ class StoreConnection(AsyncCloseable):
             raise
 
         return KVMemoryStore(self.kv, owns_kv=owns_kv, **options)
+
+    def conversations(
+        self, *, owns_kv: bool = False, **options: Unpack[ConversationOptions]
+    ) -> KVConversationStore:
+        """Pydantic AI's ``ConversationStore`` on this connection (see docs/conversations.md)."""
+        try:
+            from .conversations import KVConversationStore
+        except ImportError as exc:
+            if exc.name and exc.name.startswith("pydantic_ai"):
+                raise _needs_harness("conversation store", exc) from exc
+            raise
+
+        return KVConversationStore(self.kv, owns_kv=owns_kv, **options)
 
     def checkpointer(
         self, *, owns_kv: bool = False, **options: Unpack[CheckpointerOptions]
@@ -166,6 +180,21 @@ def open_memory(
     """
     connection = connect(url, **(kv_options or {}))
     return connection.memory(owns_kv=connection.owns_kv, **options)
+
+
+def open_conversations(
+    url: UrlLike | KVStore | Any | None = None,
+    *,
+    kv_options: Mapping[str, Any] | None = None,
+    **options: Unpack[ConversationOptions],
+) -> KVConversationStore:
+    """Pydantic AI's ``ConversationStore`` on its own connection to ``url``.
+
+    Use it as ``async with open_conversations(url) as store:``; closing it closes the
+    connection (a KV store passed as ``url`` stays open). Every backend has it.
+    """
+    connection = connect(url, **(kv_options or {}))
+    return connection.conversations(owns_kv=connection.owns_kv, **options)
 
 
 def open_checkpointer(

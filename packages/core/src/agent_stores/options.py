@@ -58,6 +58,14 @@ class SessionOptions(TypedDict, total=False):
     fanout: int
 
 
+class ConversationOptions(TypedDict, total=False):
+    """Options of :class:`~agent_stores.conversations.KVConversationStore` (docs/conversations.md)."""
+
+    scope_prefix: str
+    page_size: int
+    cache_entries: int
+
+
 class MemoryOptions(TypedDict, total=False):
     """Options of :class:`~agent_stores.memory.KVMemoryStore` (see docs/memory.md)."""
 

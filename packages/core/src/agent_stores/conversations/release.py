@@ -1,0 +1,150 @@
+"""Deleting a conversation, and releasing the entries no remaining record reaches.
+
+A delete first marks the incarnation *gone* with its record's removal (one commit, or the
+mark first where the backend has no ``commit``), so no fork can pin it from then on: a
+fork pins its source with a check that the mark is absent, or, without ``commit``, pins
+first and then looks for the mark. The release then reads the pins that were there:
+
+* none: every segment of the incarnation and the mark are deleted, and the pin this
+  incarnation held in the conversation it was forked from is removed, which may release
+  that one in turn;
+* some: only the segments holding no entry a pinned fork point reaches are deleted; the
+  rest stay until the last fork pinning them is deleted.
+
+A release interrupted (a crash, the server gone) leaves only unreachable entries behind;
+the next release of the same incarnation, or ``doctor``, finishes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import ConflictError
+from ..kv.base import Create, Delete, Operation
+from .layout import Home, StoredEntry, decode_segment, joined_segments, part_key
+
+if TYPE_CHECKING:
+    from .store import KVConversationStore
+
+log = logging.getLogger("agent_stores.conversations")
+
+#: Deletes per commit while releasing (well inside every backend's transaction limit).
+_BATCH = 25
+_ATTEMPTS = 4
+
+
+class Releaser:
+    """The delete side of one conversation store."""
+
+    def __init__(self, store: KVConversationStore) -> None:
+        self.kv = store.kv
+        self.layout = store.layout
+
+    async def mark_gone(self, home: Home, record_version: str, parent: Home | None) -> None:
+        """Remove the record at ``record_version`` and mark its incarnation gone, together.
+
+        ``ConflictError`` (nothing changed) when the record is no longer at that version.
+        """
+        record_key = self.layout.record_key(home.name)
+        gone_key = self.layout.gone_key(home)
+        value = json.dumps({"parent": parent.to_json() if parent is not None else None}).encode()
+        if self.kv.capabilities.commit:
+            await self.kv.commit(
+                home.owner, [Delete(record_key, record_version), Create(gone_key, value)]
+            )
+            return
+        await self.kv.create(home.owner, gone_key, value)
+        if not await self.kv.delete(home.owner, record_key, expected_version=record_version):
+            await self.kv.delete(home.owner, gone_key)
+            raise ConflictError("the record changed", scope=home.owner, key=record_key)
+
+    async def release(self, home: Home) -> None:
+        """Release what no pin reaches in ``home`` and, once it is empty, in its source."""
+        current: Home | None = home
+        while current is not None:
+            current = await self._release_home(current)
+
+    async def _release_home(self, home: Home) -> Home | None:
+        """Release ``home``; the source to release next when ``home`` was emptied."""
+        for _ in range(_ATTEMPTS):
+            try:
+                return await self._release_once(home)
+            except ConflictError:
+                continue  # another release or a fork's pin moved on: look again
+        log.warning("conversation entries of %s/%s left for doctor", home.owner, home.name)
+        return None
+
+    async def _release_once(self, home: Home) -> Home | None:
+        gone_key = self.layout.gone_key(home)
+        gone = await self.kv.get(home.owner, gone_key)
+        if gone is None:
+            return None  # not deleted, or released already
+        parent_json = json.loads(gone.value).get("parent")
+        parent = Home.from_json(parent_json) if parent_json is not None else None
+        pins = [
+            item
+            async for item in self.kv.iter_scan(home.owner, prefix=self.layout.pins_prefix(home))
+        ]
+        segments = [
+            (item.key, item.entry.value, item.entry.version)
+            async for item in self.kv.iter_scan(
+                home.owner, prefix=self.layout.segments_prefix(home)
+            )
+            if item.entry is not None
+        ]
+        if pins:
+            reached = {
+                str(json.loads(item.entry.value)["at"]) for item in pins if item.entry is not None
+            }
+            await self._delete(home, self._unreached(home, segments, reached))
+            return None
+        await self._delete(
+            home, [(key, version) for key, _, version in segments] + [(gone_key, gone.version)]
+        )
+        if parent is None:
+            return None
+        await self.kv.delete(parent.owner, self.layout.pin_key(parent, home))
+        return parent
+
+    def _unreached(
+        self, home: Home, segments: Sequence[tuple[str, bytes, str]], reached: set[str]
+    ) -> list[tuple[str, str]]:
+        """The keys (with versions) of the segments holding no entry ``reached`` leads back to."""
+        versions = {key: version for key, _, version in segments}
+        decoded: dict[str, list[StoredEntry]] = {
+            key: decode_segment(home.name, key, raw)
+            for key, raw in joined_segments([(key, raw) for key, raw, _ in segments])
+        }
+        parents = {
+            item.entry.id: item.entry.parent_id for items in decoded.values() for item in items
+        }
+        kept: set[str] = set()
+        for entry_id in reached:
+            walk: str | None = entry_id
+            while walk is not None and walk in parents and walk not in kept:
+                kept.add(walk)
+                walk = parents[walk]
+        unreached: list[tuple[str, str]] = []
+        for key, items in decoded.items():
+            if any(item.entry.id in kept for item in items):
+                continue
+            unreached.append((key, versions[key]))
+            index = 1
+            while part_key(key, index) in versions:
+                unreached.append((part_key(key, index), versions[part_key(key, index)]))
+                index += 1
+        return unreached
+
+    async def _delete(self, home: Home, keys: Sequence[tuple[str, str]]) -> None:
+        if self.kv.capabilities.commit:
+            for start in range(0, len(keys), _BATCH):
+                ops: list[Operation] = [
+                    Delete(key, version) for key, version in keys[start : start + _BATCH]
+                ]
+                await self.kv.commit(home.owner, ops)
+            return
+        for key, version in keys:
+            await self.kv.delete(home.owner, key, expected_version=version)
