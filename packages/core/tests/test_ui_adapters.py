@@ -4,7 +4,8 @@
 ``agent_stores.open_conversations(url)`` and ``conversation_scope=`` the user, served by
 Starlette and driven by its ``TestClient`` (the scenarios: ``ui_adapter_support.py``).
 Here on SQLite and ``memory://``, with Pydantic AI's ``InMemoryConversationStore`` as the
-reference; the Redis package runs the same scenarios on Redis.
+reference, and with two app processes (two stores on one SQLite file) serving one tab's
+requests in turn; the Redis package runs the same scenarios on Redis.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import agent_stores
 import pytest
 from pydantic_ai.conversation_store import ConversationStore, InMemoryConversationStore
-from ui_adapter_support import StoreOpener, ag_ui_chat_story, vercel_chat_story
+from ui_adapter_support import StoreOpener, ag_ui_chat_story, two_workers_story, vercel_chat_story
 
 
 def url_opener(url: str) -> StoreOpener:
@@ -53,3 +54,21 @@ def test_vercel_ai_chat(open_store: StoreOpener) -> None:
 
 def test_ag_ui_chat(open_store: StoreOpener) -> None:
     ag_ui_chat_story(open_store)
+
+
+@pytest.fixture(params=["pydantic-ai-in-memory", "sqlite"])
+def open_shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreOpener:
+    """Opens a store on the same data each time (one per app process)."""
+    if request.param == "sqlite":
+        return url_opener(f"sqlite:///{tmp_path / 'chat.db'}")
+    shared = InMemoryConversationStore()
+
+    @asynccontextmanager
+    async def open_it() -> AsyncIterator[ConversationStore]:
+        yield shared
+
+    return open_it
+
+
+def test_two_app_workers_on_one_store(open_shared_store: StoreOpener) -> None:
+    two_workers_story(open_shared_store)

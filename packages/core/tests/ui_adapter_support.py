@@ -560,3 +560,69 @@ def ag_ui_chat_story(open_store: StoreOpener) -> None:
         assert saved_by_event(stale) == []
         texts = user_texts(load(client, thread_id, "alice"))
         assert "a quick question" in texts and "a slow question" not in texts
+
+
+def two_workers_story(open_store: StoreOpener) -> None:
+    """Two app processes (workers behind a load balancer) on one store URL: each request
+    of a tab lands on either, so a worker serves a conversation the other one saved last,
+    regenerates a turn the other stored, resumes a run the other paused, and a stale save
+    on one (the other saved since) ends in the reload error, after which that worker
+    serves the conversation again."""
+    script = Scripted()
+    chat_id = f"chat-{uuid.uuid4().hex[:8]}"
+    app_a = chat_app(open_store, scripted_agent(script))
+    app_b = chat_app(open_store, scripted_agent(script))
+    with TestClient(app_a) as a, TestClient(app_b) as b:
+        tab = VercelChat(a, chat_id, user="alice")
+        assert text_of(tab.send("hello")) == "answer 1 to 'hello'"
+        tab.client = b
+        tab.reload()
+        assert errors_of(tab.send("on b")) == []
+        tab.client = a
+        tab.reload()
+        assert errors_of(tab.send("back on a")) == []
+        assert user_texts(load(b, chat_id, "alice")) == ["hello", "on b", "back on a"]
+
+        # B regenerates the answer A stored.
+        before = read_record(a, chat_id)
+        assert before is not None
+        tab.client = b
+        tab.reload()
+        again = tab.regenerate()
+        assert errors_of(again) == []
+        assert text_of(again) == "answer 4 to 'back on a'"
+        after = read_record(a, chat_id)
+        assert after is not None and after.branches == [before.head_id]
+        assert response_texts(load(a, chat_id, "alice"))[-1] == "answer 4 to 'back on a'"
+
+        # A pauses on the approval, B resumes it.
+        tab.client = a
+        tab.reload()
+        paused = tab.send("please delete my notes")
+        assert [c["toolCallId"] for c in paused if c["type"] == "tool-approval-request"] == [
+            "call-del"
+        ]
+        tab.client = b
+        tab.reload()
+        approved = tab.answer_approval("call-del", approved=True)
+        assert errors_of(approved) == [] and script.deleted == ["notes.txt"]
+        resumed = read_record(a, chat_id)
+        assert resumed is not None and resumed.deferred_tool_requests is None
+
+        # A's run started before B saved: A's save is stale.
+        tab.reload()
+        other = VercelChat(b, chat_id, user="alice", messages=list(tab.messages))
+        tab.client = a
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(tab.send, "a slow question")
+            assert script.waiting.wait(30), "the slow request never reached the model"
+            assert errors_of(other.send("a quick question")) == []
+            script.gate.set()
+            stale = slow.result(timeout=60)
+        assert len(errors_of(stale)) == 1 and RELOAD in errors_of(stale)[0]
+        tab.reload()
+        assert errors_of(tab.send("a slow question, again")) == []
+        on_a, on_b = load(a, chat_id, "alice"), load(b, chat_id, "alice")
+        assert on_a == on_b
+        assert user_texts(on_a)[-2:] == ["a quick question", "a slow question, again"]
+        assert "a slow question" not in user_texts(on_a)

@@ -62,3 +62,8 @@ def test_vercel_ai_chat_on_redis(open_store: StoreOpener) -> None:
 
 def test_ag_ui_chat_on_redis(open_store: StoreOpener) -> None:
     scenarios.ag_ui_chat_story(open_store)
+
+
+def test_two_app_workers_on_redis(open_store: StoreOpener) -> None:
+    """Two app processes' stores on one prefix, a tab's requests landing on either."""
+    scenarios.two_workers_story(open_store)
