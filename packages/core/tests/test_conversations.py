@@ -1,0 +1,221 @@
+"""The KV ConversationStore: request counts, bytes, damage and formats (the rules of the ABC
+themselves are the contract suite's conversation part, run on every backend)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.conversation import Conversation
+from pydantic_ai.conversation_store import ConversationConflict
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import agent_stores
+from agent_stores.conversations import (
+    ConversationDamagedError,
+    ConversationFormatError,
+    KVConversationStore,
+)
+from agent_stores.conversations.layout import kv_name
+from agent_stores.kv.counting import CountingKV
+
+
+def _reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    return ModelResponse(parts=[TextPart(f"reply to {len(messages)} messages")])
+
+
+AGENT = Agent(FunctionModel(_reply))
+
+
+def _turns(count: int) -> list[ModelMessage]:
+    messages: list[ModelMessage] = []
+    for index in range(count // 2):
+        messages.append(ModelRequest(parts=[UserPromptPart(f"question {index} " + "x" * 200)]))
+        messages.append(ModelResponse(parts=[TextPart(f"answer {index} " + "y" * 200)]))
+    return messages
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def counted(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KVConversationStore]:
+    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'c.db'}"
+    inner = agent_stores.open_kv(url)
+    async with inner:
+        kv = CountingKV(inner)
+        async with KVConversationStore(kv, scope_prefix=f"t{uuid.uuid4().hex}:") as store:
+            yield store
+
+
+def _twin(store: KVConversationStore) -> KVConversationStore:
+    """The same database seen from another process: nothing cached."""
+    return KVConversationStore(store.kv, scope_prefix=store.layout.prefix)
+
+
+def _calls(store: KVConversationStore) -> int:
+    kv = store.kv
+    assert isinstance(kv, CountingKV)
+    return kv.total_calls
+
+
+def _reset(store: KVConversationStore) -> None:
+    kv = store.kv
+    assert isinstance(kv, CountingKV)
+    kv.reset_counts()
+
+
+async def test_turn_costs_two_requests_at_most_and_load_three(counted: KVConversationStore) -> None:
+    await counted.save(Conversation(conversation_id="long", messages=_turns(1000)), scope="u")
+    cold = _twin(counted)  # another process: nothing cached
+    _reset(counted)
+    conversation = await cold.load("long", scope="u")
+    assert conversation is not None and len(conversation.messages) == 1000
+    assert _calls(counted) <= 3
+    result = await AGENT.run("one more", conversation=conversation)
+    _reset(counted)
+    await cold.save(result, scope="u")
+    assert _calls(counted) <= 2
+    _reset(counted)
+    listed = await cold.list_conversations(scope="u", limit=20)
+    assert [record.conversation_id for record in listed] == ["long"]
+    assert _calls(counted) <= 2
+
+
+async def test_fork_and_save_bytes_are_flat_in_the_history(counted: KVConversationStore) -> None:
+    kv = counted.kv
+    assert isinstance(kv, CountingKV)
+    written: dict[int, tuple[int, int]] = {}
+    for length in (10, 1000):
+        source = f"h{length}"
+        await counted.save(Conversation(conversation_id=source, messages=_turns(length)))
+        loaded = await counted.load(source)
+        assert loaded is not None
+        result = await AGENT.run("next", conversation=loaded)
+        kv.reset_counts()
+        await counted.save(result)
+        save_bytes = kv.bytes_written
+        kv.reset_counts()
+        await counted.fork(source, at=length // 2, new_conversation_id=f"fork-{length}")
+        written[length] = (save_bytes, kv.bytes_written)
+    # The same turn writes the same bytes whatever came before; a fork writes a record and a pin.
+    assert abs(written[1000][0] - written[10][0]) < 200
+    assert abs(written[1000][1] - written[10][1]) < 100
+
+
+async def test_a_damaged_record_is_a_typed_error_naming_the_conversation(
+    counted: KVConversationStore,
+) -> None:
+    await counted.save(Conversation(conversation_id="bad", messages=_turns(2)), scope="u")
+    owner = counted.layout.owner_scope("u")
+    key = counted.layout.record_key(kv_name("bad"))
+    entry = await counted.kv.get(owner, key)
+    assert entry is not None
+    await counted.kv.replace(owner, key, b"{not json", expected_version=entry.version)
+    fresh = _twin(counted)
+    with pytest.raises(ConversationDamagedError, match="'bad'") as raised:
+        await fresh.load("bad")
+    assert raised.value.code == agent_stores.ErrorCode.RECORD_CORRUPTED
+    with pytest.raises(ConversationDamagedError):
+        await fresh.save(Conversation(conversation_id="bad", messages=_turns(4)))
+    stored = await counted.kv.get(owner, key)
+    assert stored is not None and stored.value == b"{not json"  # nothing overwritten
+    # The others still list.
+    await counted.save(Conversation(conversation_id="good", messages=_turns(2)), scope="u")
+    assert [r.conversation_id for r in await fresh.list_conversations(scope="u")] == ["good"]
+
+
+async def test_a_record_of_a_newer_format_is_refused(counted: KVConversationStore) -> None:
+    await counted.save(Conversation(conversation_id="new", messages=_turns(2)))
+    owner = counted.layout.owner_scope(None)
+    key = counted.layout.record_key(kv_name("new"))
+    entry = await counted.kv.get(owner, key)
+    assert entry is not None
+    body = json.loads(entry.value)
+    body["f"] = 99
+    await counted.kv.replace(owner, key, json.dumps(body).encode(), expected_version=entry.version)
+    with pytest.raises(ConversationFormatError, match="format 99"):
+        await _twin(counted).load("new")
+
+
+async def test_a_foreign_record_under_the_id_is_damage_not_data(counted: KVConversationStore) -> None:
+    await counted.save(Conversation(conversation_id="a", messages=_turns(2)))
+    owner = counted.layout.owner_scope(None)
+    entry = await counted.kv.get(owner, counted.layout.record_key("a"))
+    assert entry is not None
+    await counted.kv.create(owner, counted.layout.record_key("b"), entry.value)
+    await counted.kv.create(counted.layout.pointer_scope("b"), "p", owner.encode())
+    with pytest.raises(ConversationDamagedError, match="'b'"):
+        await _twin(counted).load("b")
+
+
+async def test_long_and_odd_ids_and_scopes_are_stored(counted: KVConversationStore) -> None:
+    conversation_id = "c/" + "é" * 400
+    scope = "user\x01" + "s" * 600
+    await counted.save(Conversation(conversation_id=conversation_id, messages=_turns(4)), scope=scope)
+    loaded = await _twin(counted).load(conversation_id, scope=scope)
+    assert loaded is not None and len(loaded.messages) == 4
+    listed = await counted.list_conversations(scope=scope)
+    assert [r.conversation_id for r in listed] == [conversation_id]
+
+
+async def test_an_oversized_turn_is_split_across_values(tmp_path: Path) -> None:
+    async with agent_stores.open_conversations(
+        "memory://?max_value_bytes=4096", scope_prefix=f"t{uuid.uuid4().hex}:"
+    ) as store:
+        big = [ModelRequest(parts=[UserPromptPart("z" * 50_000)])]
+        await store.save(Conversation(conversation_id="big", messages=big))
+        loaded = await _twin(store).load("big")
+        assert loaded is not None and loaded.messages == big
+
+
+async def test_a_deleted_source_keeps_what_its_fork_uses_and_releases_the_rest(
+    counted: KVConversationStore,
+) -> None:
+    await counted.save(Conversation(conversation_id="src", messages=_turns(4)))
+    loaded = await counted.load("src")
+    assert loaded is not None
+    result = await AGENT.run("later", conversation=loaded)
+    await counted.save(result)  # a second segment, after the fork point
+    fork = await counted.fork("src", at=4, new_conversation_id="fork")
+    late_ids = [e.id for e in (await counted.load_entries("src") or [])[4:]]
+    await counted.delete("src")
+    assert await counted.load("src") is None
+    again = await _twin(counted).load("fork")
+    assert again is not None and again.messages == fork.messages
+    fresh = _twin(counted)
+    for entry_id in late_ids:
+        with pytest.raises(KeyError):
+            await fresh.read_entry(entry_id)
+    await counted.delete("fork")
+    assert [s async for s in counted.kv.iter_scopes(prefix=counted.layout.owner_prefix)] == []
+
+
+async def test_a_fork_of_a_deleted_source_conflicts(counted: KVConversationStore) -> None:
+    await counted.save(Conversation(conversation_id="s", messages=_turns(4)))
+    stale = _twin(counted)
+    assert await stale.load("s") is not None  # its histories are cached now
+    await counted.delete("s")
+    record = await stale.read_record("s")
+    assert record is None
+    with pytest.raises(Exception, match="not in the store"):
+        await stale.fork("s", at=2)
+
+
+async def test_the_same_id_created_twice_at_once_gives_one_conversation(
+    counted: KVConversationStore,
+) -> None:
+    import asyncio
+
+    stores = [_twin(counted) for _ in range(8)]
+    outcomes = await asyncio.gather(
+        *(
+            store.save(Conversation(conversation_id="race", messages=_turns(2)), scope=f"s{i % 2}")
+            for i, store in enumerate(stores)
+        ),
+        return_exceptions=True,
+    )
+    assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
+    assert all(isinstance(o, ConversationConflict) for o in outcomes if isinstance(o, BaseException))
