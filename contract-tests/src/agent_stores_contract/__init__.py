@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from .base import ContractBase
     from .checkpointer import CheckpointerContract
     from .faults import FaultContract
+    from .harness_capabilities import HarnessCapabilityContract
     from .kv import KVContract
     from .memory import MemoryContract
     from .ports import PortContract
@@ -34,6 +35,7 @@ _LAZY = {
     "MemoryContract": "agent_stores_contract.memory",
     "CheckpointerContract": "agent_stores_contract.checkpointer",
     "FaultContract": "agent_stores_contract.faults",
+    "HarnessCapabilityContract": "agent_stores_contract.harness_capabilities",
     "PortContract": "agent_stores_contract.ports",
     "SemanticContract": "agent_stores_contract.semantic",
     "VectorPortContract": "agent_stores_contract.vectors",
@@ -43,6 +45,7 @@ __all__ = [
     "CheckpointerContract",
     "ContractBase",
     "FaultContract",
+    "HarnessCapabilityContract",
     "KVContract",
     "MemoryContract",
     "PortContract",
