@@ -1,6 +1,8 @@
 """The pytest plugin of the contract suite (loaded through the ``pytest11`` entry point).
 
 * ``--store-url URL`` (or ``AGENT_STORES_CONTRACT_URL``) names the backend under test.
+* ``--conversation-store module:attribute`` (or ``AGENT_STORES_CONTRACT_CONVERSATION_STORE``)
+  runs the conversation contract on any third party's Pydantic AI ``ConversationStore``.
 * The guard: a class that subclasses a contract class may not drop a standard test, nor
   override one, unless the override is marked ``xfail(strict=True, reason=...)`` or the
   test is listed in ``contract_xfails`` with a reason. Violations fail collection.
@@ -65,6 +67,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help=f"seconds each contract test may take before it fails as hung (or ${TIMEOUT_ENV}; "
         f"default {DEFAULT_TIMEOUT:g}).",
+    )
+    group.addoption(
+        "--conversation-store",
+        action="store",
+        default=None,
+        help="module:attribute of a callable returning a Pydantic AI ConversationStore (or an "
+        "async context manager yielding one): the conversation contract runs on it instead of "
+        "agent_stores.open_conversations(--store-url) (or $AGENT_STORES_CONTRACT_CONVERSATION_STORE).",
     )
 
 
