@@ -17,7 +17,13 @@ from pathlib import Path
 import agent_stores
 import pytest
 from pydantic_ai.conversation_store import ConversationStore, InMemoryConversationStore
-from ui_adapter_support import StoreOpener, ag_ui_chat_story, two_workers_story, vercel_chat_story
+from ui_adapter_support import (
+    StoreOpener,
+    ag_ui_chat_story,
+    edit_story,
+    two_workers_story,
+    vercel_chat_story,
+)
 
 
 def url_opener(url: str) -> StoreOpener:
@@ -54,6 +60,10 @@ def test_vercel_ai_chat(open_store: StoreOpener) -> None:
 
 def test_ag_ui_chat(open_store: StoreOpener) -> None:
     ag_ui_chat_story(open_store)
+
+
+def test_vercel_ai_edits(open_store: StoreOpener) -> None:
+    edit_story(open_store)
 
 
 @pytest.fixture(params=["pydantic-ai-in-memory", "sqlite"])

@@ -626,3 +626,47 @@ def two_workers_story(open_store: StoreOpener) -> None:
         assert on_a == on_b
         assert user_texts(on_a)[-2:] == ["a quick question", "a slow question, again"]
         assert "a slow question" not in user_texts(on_a)
+
+
+def edit_story(open_store: StoreOpener) -> None:
+    """``sendMessage({text, messageId})``: the user edits a message, the chat drops what
+    followed it. Editing the second prompt branches off the first turn; editing the very
+    first one branches off nothing (a history sharing no message with the stored one)."""
+    script = Scripted()
+    app = chat_app(open_store, scripted_agent(script))
+    chat_id = f"chat-{uuid.uuid4().hex[:8]}"
+    with TestClient(app) as client:
+        tab = VercelChat(client, chat_id, user="alice")
+        tab.send("first")
+        tab.reload()
+        tab.send("second")
+        tab.reload()
+        tips: list[str] = []
+
+        def edit(index: int, text: str) -> list[dict[str, Any]]:
+            record = read_record(client, chat_id)
+            assert record is not None and record.head_id is not None
+            tips.append(record.head_id)
+            edited = {**tab.messages[index], "parts": [{"type": "text", "text": text}]}
+            tab.messages = [*tab.messages[:index], edited]
+            return tab.post({"trigger": "submit-message", "id": chat_id, "messages": tab.messages})
+
+        assert errors_of(edit(2, "second, edited")) == []
+        stored = load(client, chat_id, "alice")
+        assert user_texts(stored) == ["first", "second, edited"]
+        assert response_texts(stored) == ["answer 1 to 'first'", "answer 3 to 'second, edited'"]
+        tab.reload()
+
+        assert errors_of(edit(0, "first, edited")) == []
+        stored = load(client, chat_id, "alice")
+        assert user_texts(stored) == ["first, edited"]
+        assert response_texts(stored) == ["answer 4 to 'first, edited'"]
+        record = read_record(client, chat_id)
+        assert record is not None and record.branches == tips
+        # Both branches left stay stored: an app can list and show them.
+        for tip in tips:
+            entries = on_app_loop(client, lambda store, tip=tip: store.read_history(tip))
+            assert entries[-1].id == tip
+        tab.reload()
+        assert errors_of(tab.send("after the edits")) == []
+        assert user_texts(load(client, chat_id, "alice")) == ["first, edited", "after the edits"]

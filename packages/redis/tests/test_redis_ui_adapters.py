@@ -3,7 +3,8 @@
 The core's scenarios (``packages/core/tests/ui_adapter_support.py``, loaded by path) with
 the store the app opens being ``agent_stores.open_conversations(redis URL)``: a first
 request, a follow-up, a regenerate kept as a branch, an approval answering a deferred
-call, another user kept out and a stale save ending in the reload error, through
+call, another user kept out and a stale save ending in the reload error, edits (one
+branching off nothing), and two app processes on one prefix, through
 ``VercelAIAdapter`` and ``AGUIAdapter`` served by Starlette's ``TestClient``.
 """
 
@@ -62,6 +63,10 @@ def test_vercel_ai_chat_on_redis(open_store: StoreOpener) -> None:
 
 def test_ag_ui_chat_on_redis(open_store: StoreOpener) -> None:
     scenarios.ag_ui_chat_story(open_store)
+
+
+def test_vercel_ai_edits_on_redis(open_store: StoreOpener) -> None:
+    scenarios.edit_story(open_store)
 
 
 def test_two_app_workers_on_redis(open_store: StoreOpener) -> None:
