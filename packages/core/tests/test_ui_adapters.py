@@ -20,6 +20,7 @@ from pydantic_ai.conversation_store import ConversationStore, InMemoryConversati
 from ui_adapter_support import (
     StoreOpener,
     ag_ui_chat_story,
+    delete_story,
     edit_story,
     two_workers_story,
     vercel_chat_story,
@@ -64,6 +65,10 @@ def test_ag_ui_chat(open_store: StoreOpener) -> None:
 
 def test_vercel_ai_edits(open_store: StoreOpener) -> None:
     edit_story(open_store)
+
+
+def test_vercel_ai_delete_during_a_run(open_store: StoreOpener) -> None:
+    delete_story(open_store)
 
 
 @pytest.fixture(params=["pydantic-ai-in-memory", "sqlite"])

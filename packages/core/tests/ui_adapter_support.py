@@ -670,3 +670,34 @@ def edit_story(open_store: StoreOpener) -> None:
         tab.reload()
         assert errors_of(tab.send("after the edits")) == []
         assert user_texts(load(client, chat_id, "alice")) == ["first, edited", "after the edits"]
+
+
+def delete_story(open_store: StoreOpener) -> None:
+    """The user deletes a chat while a run on it is under way in another tab: that run's
+    save ends in the reload error instead of bringing the chat back, and the id starts
+    afresh, with none of the deleted messages."""
+    script = Scripted()
+    app = chat_app(open_store, scripted_agent(script))
+    chat_id = f"chat-{uuid.uuid4().hex[:8]}"
+    with TestClient(app) as client:
+        tab = VercelChat(client, chat_id, user="alice")
+        tab.send("hello")
+        tab.reload()
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(tab.send, "a slow question")
+            assert script.waiting.wait(30), "the slow request never reached the model"
+            # Another user's delete leaves it alone; the owner's deletes it.
+            on_app_loop(client, lambda store: store.delete(chat_id, scope="mallory"))
+            assert read_record(client, chat_id) is not None
+            on_app_loop(client, lambda store: store.delete(chat_id, scope="alice"))
+            script.gate.set()
+            stale = slow.result(timeout=60)
+        assert len(errors_of(stale)) == 1 and RELOAD in errors_of(stale)[0]
+        assert read_record(client, chat_id) is None
+        assert listed(client, "alice") == []
+        assert client.get(f"/chats/{chat_id}", headers=tab.headers).status_code == 404
+
+        tab.messages = []
+        fresh = tab.send("hello again")
+        assert errors_of(fresh) == []
+        assert user_texts(load(client, chat_id, "alice")) == ["hello again"]

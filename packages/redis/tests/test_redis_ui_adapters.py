@@ -69,6 +69,10 @@ def test_vercel_ai_edits_on_redis(open_store: StoreOpener) -> None:
     scenarios.edit_story(open_store)
 
 
+def test_vercel_ai_delete_during_a_run_on_redis(open_store: StoreOpener) -> None:
+    scenarios.delete_story(open_store)
+
+
 def test_two_app_workers_on_redis(open_store: StoreOpener) -> None:
     """Two app processes' stores on one prefix, a tab's requests landing on either."""
     scenarios.two_workers_story(open_store)
