@@ -63,7 +63,7 @@ from .semantic import (
     cut_snippet,
     reciprocal_rank_fusion,
 )
-from .vector_port import VectorEntry
+from .vector_port import NearestFiles, VectorEntry, VectorHit, VectorPort
 from .vectors import VECTOR_PREFIX
 
 if TYPE_CHECKING:
@@ -74,8 +74,10 @@ if TYPE_CHECKING:
         MemoryMutation,
         MemoryOperation,
         MemoryOperationConflictError,
+        MemorySearchMatch,
         MemorySearchResult,
     )
+    from .passages import Passage
 
 logger = logging.getLogger(__name__)
 
@@ -757,12 +759,49 @@ class KVMemoryStore(KVBackedStore):
         """Rank ``selected`` (the candidates, one beyond ``max_files``) by the cosine
         similarity of their best passage to ``query``; hybrid: fused with the lexical
         ranking. Vectors missing or computed from another version are recomputed first."""
-        index = self._semantic
-        assert index is not None
         files = selected[:max_files]
         await self._settle_indexing(scope)
         if not files:
             return _harness.MemorySearchResult(matches=[], scanned=0, truncated=False)
+        # The texts read on the way (to embed a file), so the matches read none twice.
+        texts: dict[str, str] = {}
+        semantic, passage_of = await self._ranked_by_meaning(scope, base, query, files, texts)
+        scores = {path: score for score, path, _ in semantic}
+        truncated = len(selected) > max_files
+        if hybrid:
+            scores, cut = await self._fused_with_lexical(
+                scope,
+                base,
+                prefix,
+                query,
+                files,
+                [path for _, path, _ in semantic],
+                max_files=max_files,
+                max_file_chars=max_file_chars,
+            )
+            truncated = truncated or cut
+        ranked = sorted(scores, key=lambda path: (-scores[path], path))
+        sources = await self._match_sources(
+            scope, base, files, ranked[:limit], texts, passage_of, scores
+        )
+        matches, cut = _matches_within(sources, prefix, max_chars, max_file_chars)
+        truncated = truncated or cut or len(ranked) > len(matches)
+        return _harness.MemorySearchResult(matches=matches, scanned=len(files), truncated=truncated)
+
+    async def _ranked_by_meaning(
+        self,
+        scope: str,
+        base: str,
+        query: str,
+        files: list[tuple[str, FileRecord]],
+        texts: dict[str, str],
+    ) -> tuple[list[tuple[float, str, Passage]], dict[str, Passage]]:
+        """``files`` more similar to ``query`` than the threshold, as (similarity, path,
+        best passage), most similar first (ties by path), and the best passage of each
+        file with vectors. The vectors missing (or of another dimension) are computed and
+        stored first, their texts added to ``texts``."""
+        index = self._semantic
+        assert index is not None
         query_vector, (indexed, stored) = await asyncio.gather(
             index.embed_query(query), self._vectors_of(scope, files)
         )
@@ -774,7 +813,6 @@ class KVMemoryStore(KVBackedStore):
             for name, found in indexed.items()
             if found.record.dimensions == dimensions or not found.record.passages
         }
-        texts: dict[str, str] = {}
         missing = [(name, record) for name, record in files if name not in indexed]
         if missing:
             texts.update(await self._full_texts(scope, missing))
@@ -785,27 +823,52 @@ class KVMemoryStore(KVBackedStore):
             ((score, base + f.name, passage) for score, f, passage in similar if score > threshold),
             key=lambda item: (-item[0], item[1]),
         )
-        passage_of = {base + f.name: passage for _, f, passage in similar}
-        scores = {path: score for score, path, _ in semantic}
-        truncated = len(selected) > max_files
-        if hybrid:
-            lexical_files, cut = await self._search_texts(scope, base, files, max_file_chars)
-            lexical = await _harness.lexical_search(
-                lexical_files,
-                query,
-                limit=len(lexical_files) or 1,
-                max_files=max_files,
-                max_chars=sys.maxsize,
-                score_prefix=prefix,
-            )
-            truncated = truncated or cut
-            fused = reciprocal_rank_fusion(
-                [[path for _, path, _ in semantic], [m.path for m in lexical.matches]],
-                index.config.rrf_k,
-            )
-            scores = fused
-        ranked = sorted(scores, key=lambda path: (-scores[path], path))
-        top = ranked[:limit]
+        return semantic, {base + f.name: passage for _, f, passage in similar}
+
+    async def _fused_with_lexical(
+        self,
+        scope: str,
+        base: str,
+        prefix: str,
+        query: str,
+        files: list[tuple[str, FileRecord]],
+        by_meaning: list[str],
+        *,
+        max_files: int,
+        max_file_chars: int,
+    ) -> tuple[dict[str, float], bool]:
+        """A hybrid search's scores: the ranking by meaning (``by_meaning``, paths) fused
+        with the lexical ranking of ``files``; and whether a text was cut for it."""
+        index = self._semantic
+        assert index is not None
+        lexical_files, cut = await self._search_texts(scope, base, files, max_file_chars)
+        lexical = await _harness.lexical_search(
+            lexical_files,
+            query,
+            limit=len(lexical_files) or 1,
+            max_files=max_files,
+            max_chars=sys.maxsize,
+            score_prefix=prefix,
+        )
+        fused = reciprocal_rank_fusion(
+            [by_meaning, [m.path for m in lexical.matches]], index.config.rrf_k
+        )
+        return fused, cut
+
+    async def _match_sources(
+        self,
+        scope: str,
+        base: str,
+        files: list[tuple[str, FileRecord]],
+        top: list[str],
+        texts: dict[str, str],
+        passage_of: Mapping[str, Passage],
+        scores: Mapping[str, float],
+    ) -> list[tuple[str, str, float]]:
+        """(path, text to cut a snippet from, score) of the ``top`` paths in order: the
+        best passage, or the whole text of a file ranked without one; the texts not read
+        yet are read in one batch, and a file rewritten since the scan is left out (its
+        text is not the version ranked)."""
         records = dict(files)
         wanted = [
             (path.removeprefix(base), records[path.removeprefix(base)])
@@ -814,28 +877,15 @@ class KVMemoryStore(KVBackedStore):
         ]
         if wanted:
             texts.update(await self._full_texts(scope, wanted))
-        matches = []
-        remaining = max_chars
+        sources = []
         for path in top:
-            name = path.removeprefix(base)
-            text = texts.get(name)
+            text = texts.get(path.removeprefix(base))
             if text is None:
-                continue  # rewritten since the scan: its text is not the version ranked
+                continue
             passage = passage_of.get(path)
             source = text[passage.start : passage.end] if passage is not None else text
-            visible = path.removeprefix(prefix)
-            available = remaining - len(visible)
-            if available <= 0:
-                truncated = True
-                break
-            snippet = cut_snippet(source, min(available, max_file_chars))
-            matches.append(
-                _harness.MemorySearchMatch(path=path, snippet=snippet, score=scores[path])
-            )
-            remaining -= len(visible) + len(snippet)
-        if len(ranked) > len(matches):
-            truncated = True
-        return _harness.MemorySearchResult(matches=matches, scanned=len(files), truncated=truncated)
+            sources.append((path, source, scores[path]))
+        return sources
 
     async def _search_native(
         self,
@@ -862,15 +912,9 @@ class KVMemoryStore(KVBackedStore):
         await self._settle_indexing(scope)
         query_vector = await index.embed_query(query)
         for _ in range(_NATIVE_ROUNDS):
-            synced = 0
-            while names := await port.unindexed(
-                scope, index.model, key_prefix, INTERNAL_KEY_MARK, self._page_size
-            ):
-                synced += len(names)
-                if synced > max_files + self._page_size:
-                    self._backlog(scope, port.name)
-                    return None
-                await self._sync_native(scope, base, names)
+            if not await self._catch_up_native(port, scope, base, key_prefix, max_files):
+                self._backlog(scope, port.name)
+                return None
             nearest = await port.nearest(
                 scope,
                 index.model,
@@ -881,42 +925,74 @@ class KVMemoryStore(KVBackedStore):
             )
             threshold = index.config.min_similarity
             hits = [hit for hit in nearest.hits if hit.similarity > threshold]
-            entries = await self.kv.get_many(scope, [hit.name for hit in hits]) if hits else {}
-            records: dict[str, FileRecord] = {}
-            stale: list[str] = list(nearest.stale)
-            for hit in hits:
-                record = self._live_file(scope, base, hit.name, entries.get(hit.name))
-                if record is None or record.version != hit.file_version:
-                    stale.append(hit.name)
-                else:
-                    records[hit.name] = record
-            top = [hit for hit in hits if hit.name in records][:limit]
-            texts = await self._full_texts(scope, [(hit.name, records[hit.name]) for hit in top])
-            stale += [hit.name for hit in top if hit.name not in texts]
-            if stale:
-                # Written since the index was brought up to date: forget, and ask again.
-                await port.remove(scope, index.model, stale)
-                continue
-            matches = []
-            remaining = max_chars
-            truncated = nearest.more or len(hits) > limit
-            for hit in top:
-                path = base + hit.name
-                source = texts[hit.name][hit.passage.start : hit.passage.end]
-                visible = path.removeprefix(prefix)
-                available = remaining - len(visible)
-                if available <= 0:
-                    truncated = True
-                    break
-                snippet = cut_snippet(source, min(available, max_file_chars))
-                matches.append(
-                    _harness.MemorySearchMatch(path=path, snippet=snippet, score=hit.similarity)
+            confirmed = await self._confirmed_hits(port, scope, base, nearest, hits, limit)
+            if confirmed is None:
+                continue  # written since the index was brought up to date: ask again
+            top, texts = confirmed
+            sources = [
+                (
+                    base + hit.name,
+                    texts[hit.name][hit.passage.start : hit.passage.end],
+                    hit.similarity,
                 )
-                remaining -= len(visible) + len(snippet)
+                for hit in top
+            ]
+            matches, cut = _matches_within(sources, prefix, max_chars, max_file_chars)
             return _harness.MemorySearchResult(
-                matches=matches, scanned=nearest.considered, truncated=truncated
+                matches=matches,
+                scanned=nearest.considered,
+                truncated=nearest.more or len(hits) > limit or cut,
             )
         return None
+
+    async def _catch_up_native(
+        self, port: VectorPort, scope: str, base: str, key_prefix: str, max_files: int
+    ) -> bool:
+        """Index the files the native index lacks under ``key_prefix``, a page at a time;
+        False (nothing more done) once more than one search should index (``max_files``
+        and a page) were found."""
+        index = self._semantic
+        assert index is not None
+        synced = 0
+        while names := await port.unindexed(
+            scope, index.model, key_prefix, INTERNAL_KEY_MARK, self._page_size
+        ):
+            synced += len(names)
+            if synced > max_files + self._page_size:
+                return False
+            await self._sync_native(scope, base, names)
+        return True
+
+    async def _confirmed_hits(
+        self,
+        port: VectorPort,
+        scope: str,
+        base: str,
+        nearest: NearestFiles,
+        hits: list[VectorHit],
+        limit: int,
+    ) -> tuple[list[VectorHit], dict[str, str]] | None:
+        """The first ``limit`` of ``hits`` and their texts, each checked against its file's
+        live record; None when any hit (or a file the index found stale) was written since
+        it was indexed: those are then removed from the index, for the search to ask again."""
+        index = self._semantic
+        assert index is not None
+        entries = await self.kv.get_many(scope, [hit.name for hit in hits]) if hits else {}
+        records: dict[str, FileRecord] = {}
+        stale: list[str] = list(nearest.stale)
+        for hit in hits:
+            record = self._live_file(scope, base, hit.name, entries.get(hit.name))
+            if record is None or record.version != hit.file_version:
+                stale.append(hit.name)
+            else:
+                records[hit.name] = record
+        top = [hit for hit in hits if hit.name in records][:limit]
+        texts = await self._full_texts(scope, [(hit.name, records[hit.name]) for hit in top])
+        stale += [hit.name for hit in top if hit.name not in texts]
+        if stale:
+            await port.remove(scope, index.model, stale)
+            return None
+        return top, texts
 
     def _backlog(self, scope: str, index_name: str) -> None:
         """Say once per directory that its native index lags too far for a search to fill
@@ -2007,3 +2083,22 @@ def _reused(operation: MemoryOperation) -> MemoryOperationConflictError:
     return _harness.MemoryOperationConflictError(
         f"operation id {operation.id!r} was reused with different arguments"
     )
+
+
+def _matches_within(
+    sources: Sequence[tuple[str, str, float]], prefix: str, max_chars: int, max_file_chars: int
+) -> tuple[list[MemorySearchMatch], bool]:
+    """A search's matches from (path, text, score) in rank order: a snippet of each text
+    (at most ``max_file_chars``) while the paths shown (without ``prefix``) and snippets
+    fit in ``max_chars``; and whether that budget left some out."""
+    matches: list[MemorySearchMatch] = []
+    remaining = max_chars
+    for path, source, score in sources:
+        visible = path.removeprefix(prefix)
+        available = remaining - len(visible)
+        if available <= 0:
+            return matches, True
+        snippet = cut_snippet(source, min(available, max_file_chars))
+        matches.append(_harness.MemorySearchMatch(path=path, snippet=snippet, score=score))
+        remaining -= len(visible) + len(snippet)
+    return matches, False
