@@ -149,6 +149,18 @@ class ContractBase:
         return lambda: open_kv(store_url)
 
     @pytest_asyncio.fixture
+    async def backend_ready(self, kv_factory: KVFactory) -> None:
+        """The backend's tables, containers or schema exist (``setup()`` on a client of its
+        own, closed again): every fixture handing a test clients it does not set up itself
+        depends on this one, so any test passes alone, first on a fresh server, or in any
+        order. Nothing is torn down: ``setup()`` is idempotent and shared by every test."""
+        store = kv_factory()
+        try:
+            await store.setup()
+        finally:
+            await store.aclose()
+
+    @pytest_asyncio.fixture
     async def kv(self, kv_factory: KVFactory, ns: str) -> AsyncIterator[KVStore]:
         """One client of the backend under test; after the test its ``ns`` scopes are dropped."""
         store = kv_factory()
@@ -163,6 +175,8 @@ class ContractBase:
                 await store.aclose()
 
     @pytest.fixture
-    def ns(self) -> str:
-        """A random prefix isolating this test's scopes."""
+    def ns(self, backend_ready: None) -> str:
+        """A random prefix isolating this test's scopes, on a backend that is ready for them
+        (``backend_ready``): a test working in its namespace through clients of its own
+        (``kv_factory``, a store factory) never depends on another test having set it up."""
         return f"ct-{uuid.uuid4().hex[:12]}"
