@@ -8,14 +8,8 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-from pydantic_ai import Agent
-from pydantic_ai.conversation import Conversation
-from pydantic_ai.conversation_store import ConversationConflict
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-
 import agent_stores
+import pytest
 from agent_stores.conversations import (
     ConversationDamagedError,
     ConversationFormatError,
@@ -23,6 +17,11 @@ from agent_stores.conversations import (
 )
 from agent_stores.conversations.layout import kv_name
 from agent_stores.kv.counting import CountingKV
+from pydantic_ai import Agent
+from pydantic_ai.conversation import Conversation
+from pydantic_ai.conversation_store import ConversationConflict
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 
 def _reply(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -41,7 +40,9 @@ def _turns(count: int) -> list[ModelMessage]:
 
 
 @pytest.fixture(params=["memory", "sqlite"])
-async def counted(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KVConversationStore]:
+async def counted(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[KVConversationStore]:
     url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'c.db'}"
     inner = agent_stores.open_kv(url)
     async with inner:
@@ -140,7 +141,9 @@ async def test_a_record_of_a_newer_format_is_refused(counted: KVConversationStor
         await _twin(counted).load("new")
 
 
-async def test_a_foreign_record_under_the_id_is_damage_not_data(counted: KVConversationStore) -> None:
+async def test_a_foreign_record_under_the_id_is_damage_not_data(
+    counted: KVConversationStore,
+) -> None:
     await counted.save(Conversation(conversation_id="a", messages=_turns(2)))
     owner = counted.layout.owner_scope(None)
     entry = await counted.kv.get(owner, counted.layout.record_key("a"))
@@ -154,7 +157,9 @@ async def test_a_foreign_record_under_the_id_is_damage_not_data(counted: KVConve
 async def test_long_and_odd_ids_and_scopes_are_stored(counted: KVConversationStore) -> None:
     conversation_id = "c/" + "é" * 400
     scope = "user\x01" + "s" * 600
-    await counted.save(Conversation(conversation_id=conversation_id, messages=_turns(4)), scope=scope)
+    await counted.save(
+        Conversation(conversation_id=conversation_id, messages=_turns(4)), scope=scope
+    )
     loaded = await _twin(counted).load(conversation_id, scope=scope)
     assert loaded is not None and len(loaded.messages) == 4
     listed = await counted.list_conversations(scope=scope)
@@ -218,4 +223,6 @@ async def test_the_same_id_created_twice_at_once_gives_one_conversation(
         return_exceptions=True,
     )
     assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
-    assert all(isinstance(o, ConversationConflict) for o in outcomes if isinstance(o, BaseException))
+    assert all(
+        isinstance(o, ConversationConflict) for o in outcomes if isinstance(o, BaseException)
+    )

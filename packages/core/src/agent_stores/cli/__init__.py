@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "An agent recalls a fact by meaning (offline, no API key).",
     ),
     "sessions": ("agent_stores.cli.sessions:sessions", "Inspect and repair sessions."),
+    "conversations": (
+        "agent_stores.cli.conversations:conversations",
+        "List and show Pydantic AI conversations.",
+    ),
     "memory": ("agent_stores.cli.memory:memory", "Browse and edit memory files."),
     "runs": ("agent_stores.cli.runs:runs", "List, show and delete checkpointed runs."),
     "doctor": (
