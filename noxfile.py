@@ -12,6 +12,9 @@ Sessions install the locked workspace (``uv.lock``) into their own virtualenv wi
     nox -s contract-deep             # the KV contract with a large model-test budget
     nox -s contract-stress -- [--runs N] [sqlite redis]   # the contract N times under CPU load
     nox -s synaptum                  # the Synaptum adapter tests on Python 3.13
+    nox -s newest -- -x              # newest releases of every dependency, not uv.lock: unit
+                                     # tests, contract on sqlite redis (versions printed)
+    nox -s lowest -- -x              # every direct dependency at its floor: unit tests, sqlite
 """
 
 from __future__ import annotations
@@ -473,6 +476,11 @@ def tests(session: nox.Session) -> None:
     and the server backends); .ci/run splits the tests between its two lanes this way.
     """
     _install(session)
+    _unit_tests(session, [*_generic_path_sample(session), *session.posargs])
+
+
+def _unit_tests(session: nox.Session, pytest_args: list[str]) -> None:
+    """The unit tests of the packages ``_test_packages`` picks, every server started."""
     chosen = _test_packages(session)
     paths = [path for name, path in chosen.items() if name in {"core", "contract-tests"}]
     if not chosen:
@@ -493,9 +501,7 @@ def tests(session: nox.Session) -> None:
         # The backends' contract modules run the very suite the contract session runs on
         # the same servers; here only their own tests, so CI does not run it twice.
         ignored = [f"--ignore={path}" for path in CONTRACT_MODULES]
-        session.run(
-            "pytest", *paths, *ignored, *_generic_path_sample(session), *session.posargs, env=env
-        )
+        session.run("pytest", *paths, *ignored, *pytest_args, env=env)
 
 
 TEST_PACKAGES_ENV, TEST_EXCLUDE_ENV = "AGENT_STORES_TESTS_PACKAGES", "AGENT_STORES_TESTS_EXCLUDE"
@@ -550,6 +556,146 @@ def _generic_path_sample(session: nox.Session) -> list[str]:
         f"backends in full with {FULL_TESTS_ENV}=1"
     )
     return ["-k", f"not (({GENERIC_PATH_ELSEWHERE}) and ({GENERIC_PATH_SLOW}))"]
+
+
+# The releases users get (issue 58): uv.lock pins what every other session installs; these
+# two lanes resolve the workspace afresh instead, never reading or writing uv.lock.
+#: Distributions whose versions the release lanes print beside the lock's.
+RELEASE_WATCH = (
+    "pydantic-ai-slim",
+    "pydantic-ai-harness",
+    "pydantic",
+    "redis",
+    "hiredis",
+    "psycopg",
+    "psycopg-pool",
+    "aioboto3",
+    "aiobotocore",
+    "botocore",
+    "azure-cosmos",
+    "aiohttp",
+    "google-cloud-firestore",
+    "grpcio",
+    "moto",
+    "numpy",
+    "apsw",
+    "sqlite-vec",
+    "wordllama",
+    "opentelemetry-api",
+    "pluggy",
+    "click",
+    "rich",
+    "pytest",
+    "pytest-asyncio",
+    "pytest-timeout",
+    "hypothesis",
+)
+#: Contract targets of each release lane (a space- or comma-separated override).
+RELEASES_CONTRACT_ENV = "AGENT_STORES_RELEASES_CONTRACT"
+
+
+def _locked_versions() -> dict[str, set[str]]:
+    """name -> the versions uv.lock holds of it (more than one where markers split it)."""
+    import tomllib
+
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    found: dict[str, set[str]] = {}
+    for package in lock.get("package", []):
+        found.setdefault(package["name"], set()).add(str(package.get("version", "")))
+    return found
+
+
+def _install_resolved(session: nox.Session, resolution: str) -> None:
+    """Install the workspace (every package, editable, and the dev group) resolved afresh by
+    ``uv pip compile --resolution RESOLUTION`` (``highest``: the newest releases PyPI has;
+    ``lowest-direct``: every direct dependency at its declared floor), synced exactly into
+    the session's virtualenv; uv.lock is neither read nor written. Logs each watched
+    distribution's version beside the lock's and writes the whole set to
+    ``.nox/<session>/tmp/requirements-RESOLUTION.txt``."""
+    python = str(Path(session.virtualenv.location) / "bin" / "python")
+    requirements = Path(session.create_tmp()) / f"requirements-{resolution}.txt"
+    session.run_install(
+        "uv",
+        "pip",
+        "compile",
+        "--quiet",
+        "--upgrade",  # never the previous run's pins: a new release is taken the day it is out
+        "--python",
+        python,
+        "--resolution",
+        resolution,
+        "--group",
+        "dev",
+        "--no-header",
+        "--no-annotate",
+        "-o",
+        str(requirements),
+        external=True,
+    )
+    session.run_install(
+        "uv", "pip", "sync", "--quiet", "--python", python, str(requirements), external=True
+    )
+    resolved: dict[str, str] = {}
+    for line in requirements.read_text().splitlines():
+        name, sep, version = line.strip().partition("==")
+        if sep:
+            resolved[name.lower()] = version.split(";")[0].strip()
+    locked = _locked_versions()
+    rows = []
+    for name in RELEASE_WATCH:
+        got, pinned = resolved.get(name, "-"), locked.get(name, set())
+        lock = "(= lock)" if got in pinned else f"(lock {' | '.join(sorted(pinned)) or '-'})"
+        rows.append(f"  {name:24} {got:12} {lock}")
+    differ = sum(1 for n, v in resolved.items() if n in locked and v not in locked[n])
+    session.log(
+        f"resolution {resolution}: {len(resolved)} distributions, {differ} at another version "
+        f"than uv.lock (all of them: {requirements})\n" + "\n".join(rows)
+    )
+
+
+def _release_lane(session: nox.Session, resolution: str, default_targets: str) -> None:
+    """The unit tests (packages as in ``nox -s tests``: ``AGENT_STORES_TESTS_PACKAGES`` /
+    ``_EXCLUDE``), then the contract on ``default_targets`` (or
+    ``AGENT_STORES_RELEASES_CONTRACT``), on the workspace resolved with ``resolution``;
+    posargs go to every pytest run."""
+    _install_resolved(session, resolution)
+    session.run("python", "-c", "import pydantic_ai, pydantic_ai_harness, agent_stores")
+    targets = os.environ.get(RELEASES_CONTRACT_ENV, default_targets).replace(",", " ").split()
+    unknown = [t for t in targets if t not in BACKENDS]
+    if unknown:
+        session.error(f"{RELEASES_CONTRACT_ENV}: unknown {unknown}; known {sorted(BACKENDS)}")
+    failed: list[str] = []
+    try:
+        _unit_tests(session, [*_generic_path_sample(session), *session.posargs])
+    except nox.command.CommandFailed:
+        failed.append("unit tests")
+    outcomes: dict[str, list[str]] = {"passed": [], "failed": []}
+    for name in targets:
+        _contract_on_backend(session, name, list(session.posargs), {}, FULL_SUITE, outcomes)
+    failed += [f"contract on {label}" for label in outcomes["failed"]]
+    session.log(
+        f"{resolution}: contract passed on {outcomes['passed'] or '-'}; failed: {failed or '-'}"
+    )
+    if failed:
+        session.error(f"on the {resolution} resolution: {', '.join(failed)} failed")
+
+
+@nox.session(python=PYTHON)
+def newest(session: nox.Session) -> None:
+    """The newest releases: every dependency (pydantic-ai-slim, pydantic-ai-harness, each
+    backend's client, the test tools) resolved to the newest version PyPI has, not the lock;
+    the versions printed beside the lock's; then the unit tests and the contract on SQLite
+    and Redis (``AGENT_STORES_RELEASES_CONTRACT`` to change). ``-- -x``: pytest options."""
+    _release_lane(session, "highest", "sqlite redis")
+
+
+@nox.session(python=PYTHON)
+def lowest(session: nox.Session) -> None:
+    """The lowest supported versions: every direct dependency of every package at the floor
+    it declares (``uv --resolution lowest-direct``; what those need, at its newest); the
+    versions printed beside the lock's; then the unit tests and the contract on SQLite
+    (``AGENT_STORES_RELEASES_CONTRACT`` to change). ``-- -x``: pytest options."""
+    _release_lane(session, "lowest-direct", "sqlite")
 
 
 @nox.session(python=False)
