@@ -830,6 +830,19 @@ class ConversationContract(ContractBase):
         stored = await store.read_record(cid)
         assert stored is not None and stored.title == "Trip" and stored.metadata == {"model": "m2"}
         assert stored.revision == loaded.revision
+        # A save that read the record before an update writes it after: the update stays.
+        before = await store.read_record(cid)
+        assert before is not None
+        await store.update(cid, title="Late", metadata={"late": True})
+        following = str(uuid.uuid4())
+        await store.write_record(
+            dataclasses.replace(before, revision=following), expected_revision=before.revision
+        )
+        stored = await store.read_record(cid)
+        assert stored is not None and stored.title == "Late" and stored.metadata == {"late": True}
+        assert stored.revision == following
+        loaded.revision = stored.revision
+        await store.update(cid, metadata={"model": "m2"})
         cleared = await store.update(cid, title=None)
         assert cleared.title is None and cleared.metadata == {"model": "m2"}
         assert (await store.update(cid)).revision == loaded.revision
