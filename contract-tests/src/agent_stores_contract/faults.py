@@ -55,6 +55,14 @@ from agent_stores.sessions import (
 )
 from pydantic_ai_harness.memory import MemoryConflictError, MemoryOperation
 
+from .ambiguous import (
+    ReplyLoser,
+    kv_lost_replies,
+    kv_rejected_then_conflict,
+    memory_lost_replies,
+    session_lost_replies,
+    store_rejected_then_conflict,
+)
 from .base import ContractBase, drop_namespace
 from .proxy import TCPProxy
 from .proxying import server_address, through_proxy
@@ -536,6 +544,35 @@ class FaultContract(ContractBase):
             await self.lost_reply_turns(
                 injector, fault, opened, store_url, f"{ns}n{fault}", other_client=other_client
             )
+
+    # -- ambiguous outcomes (see agent_stores_contract.ambiguous) ------------------------
+
+    async def test_a_lost_reply_on_a_conditional_write_is_applied_or_unknown(
+        self, opened: Opener, store_url: str, ns: str
+    ) -> None:
+        """A conditional replace and a conditional delete the server applied but whose reply is lost (below the SDK, through a TCP proxy where the backend has a server; on each of the operation's requests in turn), at the KV level and through memory writes, memory deletes and session turns: each is reported as applied or unknown, never as a conflict or "not found", and what is reported applied is stored."""
+        plain = await opened(faulty=False)
+        async with ReplyLoser(store_url).running() as loser:
+            report = FaultReport(
+                StoreURL.parse(store_url).scheme, "lost replies on conditional writes", loser.where
+            )
+            await kv_lost_replies(loser, plain, ns, report)
+            await memory_lost_replies(loser, plain, ns, report)
+            await session_lost_replies(loser, plain, ns, report)
+        report.injected = {"lost reply": loser.lost()}
+        report.check()
+
+    async def test_a_rejected_first_attempt_then_a_real_conflict_is_a_conflict(
+        self, injector: FaultInjector, opened: Opener, store_url: str, ns: str
+    ) -> None:
+        """Every fault the service documents as a rejection (throttling; the injector's `rejections`), on the first attempt of each kind of request a create, a replace or a delete sends, then the real server's failed condition: at the KV level and through memory writes and deletes, the answer is still a conflict (False for a KV delete), never "unknown"."""
+        plain = await opened(faulty=False)
+        report = self.report(store_url, "rejected, then a conflict", injector)
+        await kv_rejected_then_conflict(injector, opened, plain, ns, report)
+        await store_rejected_then_conflict(injector, opened, plain, ns, report)
+        report.injected = injector.injected()
+        report.check()
+        assert report.injected, "no rejection was ever injected"
 
     # -- silence --------------------------------------------------------------------------
 

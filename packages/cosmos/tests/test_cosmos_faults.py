@@ -32,6 +32,7 @@ from agent_stores.kv.base import KVStore
 from agent_stores.memory import KVMemoryStore
 from agent_stores.sessions import SessionStore
 from agent_stores.sessions.errors import TransientStoreError
+from agent_stores_contract.proxy import TCPProxy
 from agent_stores_contract.session_workers import pair, texts
 from agent_stores_cosmos import plugin
 from agent_stores_cosmos.faults import FAULTS, CosmosFaultInjector, FaultTransport, _FaultResponse
@@ -814,3 +815,70 @@ def test_deadline_option_sets_deadline_seconds() -> None:
     assert default.deadline_seconds == 20 and not default.auto_setup
     with pytest.raises(ConfigError):
         open_kv(base + "&deadline=0")
+
+
+# -- a reply lost below the SDK (issue 59) ----------------------------------------------------
+
+
+@pytest.fixture
+async def lossy(cosmos_url: str) -> AsyncIterator[tuple[TCPProxy, KVStore]]:
+    """A store reaching the server through a TCP proxy that can lose a reply, warmed up (the
+    account and container already read), so the next request is the one under test."""
+    url = StoreURL.parse(cosmos_url)
+    assert url.host is not None and url.port is not None
+    async with TCPProxy(url.host, url.port) as proxy:
+        proxied = plugin.proxied_url(url, proxy.host, proxy.port)
+        assert proxied is not None
+        async with open_kv(proxied.render_with_secrets()) as kv:
+            await kv.get(f"lossy-{uuid.uuid4().hex[:8]}", "warm")
+            yield proxy, kv
+
+
+async def test_a_lost_replace_reply_is_reported_applied_not_a_conflict(
+    lossy: tuple[TCPProxy, KVStore], cosmos_url: str
+) -> None:
+    """The server applies a conditional replace and the connection drops before its reply:
+    below the SDK, aiohttp used to send the PUT again, the second attempt met 412, and the
+    store reported KV_CONFLICT for a replace that was applied. Now the store sees the lost
+    reply, re-sends it itself and recognises its own write."""
+    proxy, kv = lossy
+    for trial in range(3):
+        scope = f"lostput-{trial}-{uuid.uuid4().hex[:8]}"
+        version = await kv.create(scope, "k", b"1")
+        proxy.lose_reply()
+        new = await kv.replace(scope, "k", b"2", expected_version=version)
+        assert proxy.lost_replies == trial + 1
+        async with open_kv(cosmos_url) as plain:
+            entry = await plain.get(scope, "k")
+        assert entry is not None and entry.value == b"2" and entry.version == new
+
+
+async def test_a_lost_delete_reply_is_unknown_not_not_found(
+    lossy: tuple[TCPProxy, KVStore], cosmos_url: str
+) -> None:
+    """The server applies a conditional delete and the connection drops before its reply:
+    the store used to answer False ("nothing at that version") for a delete that deleted,
+    after aiohttp's own re-send met 412. A delete leaves nothing to recognise, so the
+    outcome is unknown: BackendUnavailableError saying so, never False."""
+    proxy, kv = lossy
+    for trial in range(3):
+        scope = f"lostdel-{trial}-{uuid.uuid4().hex[:8]}"
+        version = await kv.create(scope, "k", b"1")
+        proxy.lose_reply()
+        with pytest.raises(BackendUnavailableError, match="unknown"):
+            await kv.delete(scope, "k", expected_version=version)
+        assert proxy.lost_replies == trial + 1
+        async with open_kv(cosmos_url) as plain:
+            assert await plain.get(scope, "k") is None
+
+
+async def test_store_sessions_never_resend_below_the_store() -> None:
+    """The aiohttp session of a client the store builds has aiohttp's re-send of PUT and
+    DELETE after a broken connection turned off (the flag exists in this aiohttp)."""
+    from agent_stores_cosmos.kv import no_resend_session
+
+    session = no_resend_session()
+    try:
+        assert session._retry_connection is False
+    finally:
+        await session.close()

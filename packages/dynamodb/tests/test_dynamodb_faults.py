@@ -500,3 +500,46 @@ def test_blackhole_check_command_fails_typed_within_the_deadline(blackhole_url: 
     assert "BACKEND_UNAVAILABLE" in output or "did not answer" in output, output
     assert "CONFIG_INVALID" not in output, output
     assert elapsed < DEADLINE + 1 + startup, (elapsed, startup, output)
+
+
+# -- a documented rejection keeps the definite answer (issue 59) ------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["ThrottlingException", "ProvisionedThroughputExceededException", "RequestLimitExceeded"],
+)
+async def test_a_throttled_first_attempt_then_a_real_conflict_is_a_conflict(
+    fault: str, kv: KVStore, injector: DynamoDBFaultInjector
+) -> None:
+    """botocore's ``before-send`` answers the first attempt with a throttling error, which
+    AWS documents as a rejection (nothing applied); botocore re-sends, and the real server
+    answers the condition. The store used to report every condition failing after a
+    botocore retry as unknown (BACKEND_UNAVAILABLE); a create over an existing item, a
+    replace and a delete at a stale version are conflicts (False for the delete)."""
+    stale = await kv.create("t", "k", b"v0")
+    current = await kv.replace("t", "k", b"v1", expected_version=stale)
+    for operation in ("PutItem", "PutItem", "DeleteItem"):
+        injector.arm(fault, operation=operation)
+    with pytest.raises(ConflictError):
+        await kv.create("t", "k", b"again")
+    with pytest.raises(ConflictError):
+        await kv.replace("t", "k", b"v2", expected_version=stale)
+    assert await kv.delete("t", "k", expected_version=stale) is False
+    assert injector.injected() == {fault: 3}
+    entry = await kv.get("t", "k")
+    assert entry is not None and entry.value == b"v1" and entry.version == current
+
+
+@pytest.mark.parametrize("fault", ["InternalServerError", "HTTP500"])
+async def test_a_500_first_attempt_then_a_failed_condition_is_unknown(
+    fault: str, kv: KVStore, injector: DynamoDBFaultInjector
+) -> None:
+    """AWS documents that a write answered 500 may have succeeded or failed: a condition
+    failing on botocore's re-send after one is not taken for a conflict (the first attempt
+    may have landed and been overwritten since); the outcome is unknown."""
+    await kv.create("f", "k", b"v0")
+    injector.arm(fault, operation="PutItem")
+    with pytest.raises(BackendUnavailableError, match="unknown"):
+        await kv.create("f", "k", b"again")
+    assert injector.injected() == {fault: 1}

@@ -106,6 +106,14 @@ class BaseFaultInjector:
     #: injector's docs; False keeps the check strict.
     resends_writes: bool = False
 
+    #: The faults the service documents as rejections: nothing was applied (throttling,
+    #: most often). After one, a store's retry must keep the definite answer — a condition
+    #: that then fails is a conflict, not "unknown" (the contract's
+    #: ``faults.a_rejected_first_attempt_then_a_real_conflict_is_a_conflict``). None: every
+    #: ``transient`` and ``conflict`` fault. Leave out any the service says may have been
+    #: applied (a 500 on a write, a timeout).
+    rejections: frozenset[str] | None = None
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._armed: list[tuple[str, str | None]] = []

@@ -299,6 +299,9 @@ class CosmosFaultInjector(BaseFaultInjector):
     """Azure Cosmos DB's routine faults at the azure-core transport (see the module doc)."""
 
     faults: Mapping[str, FaultKind] = FAULTS
+    #: Throttled, retry-with, gone and unavailable are rejections; after a 408 or a 500 a
+    #: write may have been applied (the store treats them so), so they are not.
+    rejections: frozenset[str] | None = frozenset({"429", "449", "410", "503"})
 
     def __init__(self, *, retry_after_ms: int = 50) -> None:
         super().__init__()

@@ -27,15 +27,19 @@ connection or an unknown host gets 0.5 s of retries only (nothing is there: a wr
 an emulator not running), and an untrusted TLS certificate none (``ca_file=``,
 ``verify=false``). The SDK's own throttling and connection retries are
 off in clients the store builds (they retried 429 only, 408/5xx once and only with endpoint
-discovery on, and 449 never), so there is one budget, not two nested ones.
+discovery on, and 449 never), so there is one budget, not two nested ones; and so is
+aiohttp's own re-send of a PUT or DELETE whose connection broke before the reply (see
+:func:`no_resend_session`): nothing below the store sends a request again.
 
 **Re-sent writes.** A write whose reply is lost may have been applied. azure-core cannot
 tell: when the server drops the connection after receiving a request, aiohttp reports
 ``ServerDisconnectedError`` and azure-core maps it to ``ServiceRequestError`` ("request not
-sent"), and azure-cosmos's connection retry policy then re-sends it — writes included —
-in clients built with its defaults (a ready client handed to :meth:`CosmosKV.from_client`
-keeps those). In clients the store builds, the store re-sends itself, knowing the first
-outcome is unknown. Either way a re-sent conditional write can meet its own earlier
+sent"). In clients built with the SDK's defaults (a ready client handed to
+:meth:`CosmosKV.from_client` keeps those) aiohttp itself sends a PUT or DELETE again at
+once, and azure-cosmos's connection retry policy re-sends any request — writes included —
+so the store sees only the second attempt's answer (a 412 for a replace or delete that
+was applied). In clients the store builds neither re-sends: the store sees the lost
+reply and re-sends itself, knowing the first outcome is unknown. Either way a re-sent conditional write can meet its own earlier
 success: every item carries a random write token ``w`` generated for that one write, so
 a create answered 409, or a replace answered 412, reads the item back and, if it holds
 our token, returns that write's version. When the item holds someone else's write (or a
@@ -177,6 +181,33 @@ def _budgeted(
             _CALL_END.reset(token)
 
     return wrapper
+
+
+def no_resend_session(connector: Any = None) -> Any:
+    """An ``aiohttp.ClientSession`` as azure-core makes one, that never re-sends a request.
+
+    aiohttp re-sends a PUT or DELETE once when a pooled connection breaks before the reply
+    (``ServerDisconnectedError``, ``ClientOSError``), although the server may have applied
+    it: below the store, that turns a lost reply into a 412 on the second attempt.
+    ``ClientSession._retry_connection`` (the flag ``aiohttp.test_utils`` clears for the
+    same reason) turns it off; an aiohttp without it must not be used unknowingly, so
+    this fails loudly instead (``tests/test_cosmos_faults.py`` proves the re-send gone).
+    """
+    import aiohttp
+
+    session = aiohttp.ClientSession(
+        connector=connector,
+        trust_env=True,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+    )
+    if not hasattr(session, "_retry_connection"):  # pragma: no cover - checked by a test
+        raise RuntimeError(
+            f"aiohttp {aiohttp.__version__} has no ClientSession._retry_connection: the "
+            "store cannot turn off its re-send of PUT and DELETE after a broken connection"
+        )
+    session._retry_connection = False
+    return session
 
 
 class RequestStats:
@@ -383,16 +414,14 @@ class CosmosKV(KVStore):
             max_wait_time_in_seconds=0,
         )
         extra: dict[str, Any] = {}
+        own = self._own_transport(settings.ca_file)
         transport = self._transport
-        if settings.ca_file is not None:
-            trusting = self._transport_trusting(settings.ca_file)
-            if transport is None:
-                transport = trusting
-            else:
-                # The fault injector's wrapper (faults.FaultTransport): ours goes underneath.
-                transport.inner = trusting
-        if transport is not None:
-            extra["transport"] = transport
+        if transport is None:
+            transport = own
+        else:
+            # The fault injector's wrapper (faults.FaultTransport): ours goes underneath.
+            transport.inner = own
+        extra["transport"] = transport
         if not settings.verify:
             # azure-cosmos's own switch; it never verifies localhost and 127.0.0.1 anyway.
             extra["connection_verify"] = False
@@ -411,34 +440,42 @@ class CosmosKV(KVStore):
             **extra,
         )
 
-    def _transport_trusting(self, ca_file: str) -> Any:
-        """An azure-core aiohttp transport whose TLS trusts the certificates in ``ca_file``.
+    def _own_transport(self, ca_file: str | None) -> Any:
+        """The azure-core aiohttp transport of a client the store builds.
 
-        azure-cosmos takes a CA file only with a client certificate (``ssl_config`` without
-        one makes azure-core load an empty certificate chain), so the trust goes into the
-        aiohttp connector: requests the SDK sends with verification on use its context.
+        The session azure-core would make itself (proxy settings from the environment, no
+        cookies, bodies decompressed by azure-core), with two changes:
+
+        * aiohttp's own re-send is off. aiohttp sends a PUT or DELETE again, once, when
+          the connection drops before the reply (RFC 9112's retry of an idempotent
+          request): a conditional replace or delete the server had applied then meets 412
+          on that second attempt, and the store, which never saw the first, would report a
+          conflict for a write that was applied. With it off the store sees the broken
+          connection, knows the outcome is unknown, and settles it itself (see
+          :meth:`CosmosKV._request`). aiohttp has no public switch for it: the session's
+          ``_retry_connection`` flag is the one its own test client turns off
+          (``aiohttp.test_utils``); :func:`no_resend_session` checks that it exists.
+        * with ``ca_file``, TLS trusts the certificates in that file. azure-cosmos takes a
+          CA file only with a client certificate (``ssl_config`` without one makes
+          azure-core load an empty certificate chain), so the trust goes into the aiohttp
+          connector: requests the SDK sends with verification on use its context.
         """
         import ssl
 
         import aiohttp
         from azure.core.pipeline.transport import AioHttpTransport
 
-        try:
-            context = ssl.create_default_context(cafile=ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(
-                detail=f"{self.describe()}: ca_file {ca_file} is not a readable PEM file of "
-                f"certificates ({type(exc).__name__}: {str(exc)[:200]})"
-            ) from None
-        # The session azure-core would make itself (proxy settings from the environment, no
-        # cookies, bodies decompressed by azure-core), on a connector with that trust.
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=context),
-            trust_env=True,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-        )
-        return AioHttpTransport(session=session, session_owner=True)
+        connector: aiohttp.TCPConnector | None = None
+        if ca_file is not None:
+            try:
+                context = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    detail=f"{self.describe()}: ca_file {ca_file} is not a readable PEM file "
+                    f"of certificates ({type(exc).__name__}: {str(exc)[:200]})"
+                ) from None
+            connector = aiohttp.TCPConnector(ssl=context)
+        return AioHttpTransport(session=no_resend_session(connector), session_owner=True)
 
     @property
     def _sdk_resends_writes(self) -> bool:

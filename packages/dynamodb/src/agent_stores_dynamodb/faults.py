@@ -187,6 +187,16 @@ class DynamoDBFaultInjector(BaseFaultInjector):
     """:class:`~agent_stores.faults.FaultInjector` for DynamoDB (see the module doc)."""
 
     faults: Mapping[str, FaultKind] = FAULTS
+    #: Throttling and a write meeting a transaction are rejected, nothing applied; a 500
+    #: (InternalServerError) on a write "may have succeeded or failed" (AWS), so it is not one.
+    rejections: frozenset[str] | None = frozenset(
+        {
+            "ThrottlingException",
+            "ProvisionedThroughputExceededException",
+            "RequestLimitExceeded",
+            "TransactionConflictException",
+        }
+    )
 
     def __init__(self) -> None:
         super().__init__()

@@ -32,8 +32,11 @@ within a budget of half the deadline. A cancellation naming ConditionalCheckFail
 transient fault outlives its budget surfaces as
 :class:`~agent_stores.errors.BackendUnavailableError` with the SDK's error as its cause,
 never as a configuration error. Every request is bounded by the store's
-``deadline_seconds`` (``?deadline=``). A retried conditional write whose
-first attempt landed fails its condition on the retry; ``ReturnValuesOnConditionCheckFailure
+``deadline_seconds`` (``?deadline=``). A condition that fails on botocore's re-send
+after an attempt that may have been applied (a 5xx, a reply that could not be read) is an
+unknown outcome, never a conflict; after a throttling rejection, which AWS documents as
+not applied (:data:`NOT_APPLIED_CODES`), it stays a conflict. A retried conditional write
+whose first attempt landed fails its condition on the retry; ``ReturnValuesOnConditionCheckFailure
 =ALL_OLD`` returns the stored item in that same reply, so when it carries the version this
 write generated the write is reported as done, without another read. Transactions carry
 botocore's idempotency token, so their retries are applied at most once by DynamoDB; where
@@ -52,6 +55,7 @@ import math
 import os
 import random
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from agent_stores.backend import (
@@ -423,6 +427,8 @@ class DynamoDBKV(KVStore):
         _guard_writes(client)
         retried = False  # did an attempt that may have been applied precede this one?
         for attempt in range(CONFLICT_RETRIES + 1):
+            attempts = _Attempts()
+            token = _ATTEMPTS.set(attempts)
             try:
                 response: dict[str, Any] = await getattr(client, operation)(**request)
             except _AmbiguousWrite as ambiguous:
@@ -436,7 +442,7 @@ class DynamoDBKV(KVStore):
                 code = _error_code(exc)
                 meta = getattr(exc, "response", None)
                 meta = meta if isinstance(meta, Mapping) else {}
-                retried = retried or bool(meta.get("ResponseMetadata", {}).get("RetryAttempts"))
+                retried = retried or attempts.resent_after_maybe_applied()
                 if code == "ConditionalCheckFailedException":
                     raise _ConditionFailed(meta.get("Item"), retried, []) from None
                 if code == "TransactionCanceledException":
@@ -462,6 +468,8 @@ class DynamoDBKV(KVStore):
                 await asyncio.sleep(delay)
             else:
                 return response
+            finally:
+                _ATTEMPTS.reset(token)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _unreachable(self, operation: str, unreachable: _Unreachable) -> BackendUnavailableError:
@@ -1024,10 +1032,12 @@ class DynamoDBKV(KVStore):
         }
 
     def _raise_if_ambiguous(self, failed: _ConditionFailed, what: str) -> None:
-        """A condition that failed on botocore's re-send, after an attempt whose reply was
-        lost, proves nothing: that attempt may have been applied and the item changed since
-        (a delete leaves nothing to recognise, a later write overwrites our version). The
-        outcome is unknown, never a conflict: found by the linearizability check."""
+        """A condition that failed on botocore's re-send, after an attempt that may have
+        been applied (a 500, a reply that could not be read), proves nothing: that attempt
+        may have landed and the item changed since (a delete leaves nothing to recognise, a
+        later write overwrites our version). The outcome is unknown, never a conflict:
+        found by the linearizability check. A re-send after an attempt AWS documents as
+        rejected (throttling: see :data:`NOT_APPLIED_CODES`) keeps the definite answer."""
         if failed.retried:
             raise BackendUnavailableError(
                 detail=f"{self.describe()}: the outcome of {what} is unknown "
@@ -1324,11 +1334,74 @@ def _fail_fast_unreachable(
         raise _Unreachable(attempts) from caught_exception
 
 
+#: Errors DynamoDB answers with HTTP 400 when it rejected the request without applying it:
+#: throttling, which botocore retries. AWS documents them as rejections ("your request
+#: rate is too high", "rate of requests exceeds the allowed throughput"; 400 errors are
+#: problems with the request, to be resent as they are). A 500 (InternalServerError) is
+#: not one: AWS documents that a write answered 500 "may have succeeded or failed".
+NOT_APPLIED_CODES = frozenset(
+    {"ThrottlingException", "ProvisionedThroughputExceededException", "RequestLimitExceeded"}
+)
+
+
+class _Attempts:
+    """What each botocore attempt of one request may have done (its ``needs-retry``)."""
+
+    __slots__ = ("maybe_applied",)
+
+    def __init__(self) -> None:
+        self.maybe_applied: list[bool] = []
+
+    def resent_after_maybe_applied(self) -> bool:
+        """Did botocore re-send this request after an attempt that may have been applied?
+        (The last attempt is the one whose answer the caller got.)"""
+        return any(self.maybe_applied[:-1])
+
+
+#: The attempts of the request the current task is sending (see :func:`_note_attempt`).
+_ATTEMPTS: ContextVar[_Attempts | None] = ContextVar("agent_stores_dynamodb_attempts", default=None)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """True when ``exc`` proves the request never left: the connection was never opened
+    (or a connection error with no cause, as botocore raises before sending)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    if not isinstance(exc, EndpointConnectionError):
+        return False
+    return getattr(exc, "kwargs", {}).get("error") is None or _never_connected(exc)
+
+
+def _attempt_maybe_applied(response: Any, caught_exception: BaseException | None) -> bool:
+    """Could the attempt that ended with ``response`` / ``caught_exception`` have been
+    applied? Only a throttling rejection or a request that never left says no."""
+    if caught_exception is not None:
+        return not _never_sent(caught_exception)
+    if not isinstance(response, tuple) or len(response) != 2:
+        return True
+    http, parsed = response
+    status = getattr(http, "status_code", 500)
+    code = parsed.get("Error", {}).get("Code") if isinstance(parsed, Mapping) else None
+    return not (status == 400 and code in NOT_APPLIED_CODES)
+
+
+def _note_attempt(
+    response: Any = None, caught_exception: BaseException | None = None, **_: Any
+) -> None:
+    """A ``needs-retry`` handler (it decides nothing): records, for the request being sent,
+    whether this attempt may have been applied, so that a condition failing on a re-send is
+    judged by what the earlier attempts were (see :meth:`DynamoDBKV._raise_if_ambiguous`)."""
+    attempts = _ATTEMPTS.get()
+    if attempts is not None:
+        attempts.maybe_applied.append(_attempt_maybe_applied(response, caught_exception))
+
+
 def _guard_writes(client: Any) -> None:
-    """Install :func:`_no_blind_resend` and :func:`_fail_fast_unreachable` on ``client``
-    once (owned and given clients alike)."""
+    """Install :func:`_no_blind_resend`, :func:`_fail_fast_unreachable` and
+    :func:`_note_attempt` on ``client`` once (owned and given clients alike)."""
     if getattr(client, _GUARD_MARK, False):
         return
+    client.meta.events.register_first("needs-retry.dynamodb", _note_attempt)
     client.meta.events.register_first("needs-retry.dynamodb", _no_blind_resend)
     client.meta.events.register_first("needs-retry.dynamodb", _fail_fast_unreachable)
     setattr(client, _GUARD_MARK, True)

@@ -143,6 +143,9 @@ class FirestoreFaultInjector(BaseFaultInjector):
     """Injects Firestore's routine gRPC faults into the stores it opens (see the module doc)."""
 
     faults = FAULTS
+    #: ABORTED and RESOURCE_EXHAUSTED were not applied; UNAVAILABLE, DEADLINE_EXCEEDED and
+    #: INTERNAL may come after a write ran (see ``agent_stores_firestore.kv._classify``).
+    rejections: frozenset[str] | None = frozenset({"ABORTED", "RESOURCE_EXHAUSTED"})
 
     def __init__(self) -> None:
         super().__init__()
