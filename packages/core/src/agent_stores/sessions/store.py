@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import logging
 import os
@@ -41,7 +42,9 @@ from .sync import NotAwaitable
 if TYPE_CHECKING:
     # Imported at run time only where messages are handled: Pydantic AI is heavy to
     # import, and listing or inspecting sessions never needs it.
+    from pydantic_ai.conversation import Conversation
     from pydantic_ai.messages import ModelMessage
+    from pydantic_ai.run import AgentRunResult
 
 log = logging.getLogger("agent_stores.sessions")
 
@@ -184,6 +187,57 @@ class Session:
         if update is not None:
             self._turn.set_catalog(update)
         return NotAwaitable("Session.set_catalog()", "it only records fields saved on exit")
+
+    @property
+    def conversation(self) -> Conversation:
+        """The session as a Pydantic AI ``Conversation``, to run as ``agent.run(…, conversation=…)``.
+
+        Its messages are the history loaded when the turn began; its ``usage`` and
+        ``deferred_tool_requests`` are those the last :meth:`save` kept (zero and None for a
+        session only ever saved with :meth:`replace`); its ``conversation_id`` is the
+        session id.
+        """
+        from pydantic_ai.conversation import Conversation
+
+        from .conversation_state import decoded
+        from .records import RecordError
+
+        try:
+            usage, deferred = decoded(self._handle.header.extra)
+        except RecordError as exc:
+            raise InvalidSessionError(
+                f"session {self.session_id!r}: {exc}", session_id=self.session_id
+            ) from None
+        return Conversation(
+            messages=list(self.messages),
+            usage=usage,
+            conversation_id=self.session_id,
+            deferred_tool_requests=deferred,
+        )
+
+    def save(self, result: AgentRunResult[Any] | Conversation) -> NotAwaitable:
+        """Keep a run's whole conversation: its messages (as :meth:`replace`), its running
+        ``usage`` and the ``deferred_tool_requests`` it paused on, saved on a clean exit.
+
+        Typically ``session.save(await agent.run(prompt, conversation=session.conversation))``.
+        """
+        from pydantic_ai.run import AgentRunResult
+
+        from .conversation_state import EXTRA_KEY, encoded
+
+        conversation = result.conversation if isinstance(result, AgentRunResult) else result
+        if conversation.conversation_id != self.session_id:
+            raise InvalidSessionError(
+                f"a conversation {conversation.conversation_id!r} cannot be saved as session "
+                f"{self.session_id!r}; run it with conversation=session.conversation",
+                session_id=self.session_id,
+            )
+        self.replace(conversation.messages)
+        header = self._handle.header
+        state = encoded(conversation.usage, conversation.deferred_tool_requests)
+        # Carried by the save's header (the exit writes ``extra`` over as it is here).
+        self._handle.header = dataclasses.replace(header, extra={**header.extra, EXTRA_KEY: state})
+        return NotAwaitable("Session.save()", "it only records the conversation saved on exit")
 
     @telemetry.traced("session.checkpoint", kv=lambda s: s._turn.store.kv)
     async def checkpoint(self, messages: Sequence[ModelMessage]) -> None:
