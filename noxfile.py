@@ -9,6 +9,8 @@ Sessions install the locked workspace (``uv.lock``) into their own virtualenv wi
     nox -s contract -- --exclude firestore    # or AGENT_STORES_CONTRACT_EXCLUDE=firestore
     nox -s contract -- --url URL [--install PATH_OR_REQUIREMENT ...]
                                      # any backend (third parties; throwaway virtualenv)
+    nox -s contract -- --conversation-store module:attribute [--install ...]
+                                     # the conversation contract on any ConversationStore
     nox -s contract-deep             # the KV contract with a large model-test budget
     nox -s contract-stress -- [--runs N] [sqlite redis]   # the contract N times under CPU load
     nox -s synaptum                  # the Synaptum adapter tests on Python 3.13
@@ -725,6 +727,45 @@ def install(session: nox.Session) -> None:
         )
 
 
+CONVERSATION_STORE_ENV = "AGENT_STORES_CONTRACT_CONVERSATION_STORE"
+CONVERSATION_SUITE = "agent_stores_contract.suite.test_conversations"
+
+
+def _conversation_store_run(session: nox.Session) -> bool:
+    """``--conversation-store module:attribute [--install PKG ...]``: the conversation contract
+    alone on a third party's Pydantic AI ``ConversationStore`` (no URL; the factory's shape is
+    in docs/contract.md), its packages in a throwaway virtualenv. False: the option is absent."""
+    spec: list[str] = []
+    installs: list[str] = []
+    pytest_args: list[str] = []
+    args = list(session.posargs)
+    while args:
+        arg = args.pop(0)
+        option, equals, value = arg.partition("=")
+        if option in ("--conversation-store", "--install"):
+            if not equals:
+                if not args:
+                    session.error(f"{option} needs a value")
+                value = args.pop(0)
+            (spec if option == "--conversation-store" else installs).append(value)
+        else:
+            pytest_args.append(arg)
+    if not spec:
+        return False
+    if len(spec) > 1:
+        session.error("--conversation-store takes one module:attribute")
+    session.log(f"conversation contract on {spec[0]}")
+    # Through the environment, as a URL is: the worker processes read it there too.
+    env = {"PYTHONDONTWRITEBYTECODE": "1", CONVERSATION_STORE_ENV: spec[0]}
+    args = ["-p", "no:cacheprovider", "--pyargs", CONVERSATION_SUITE, *pytest_args]
+    if not installs:
+        session.run("pytest", *args, env=env)
+        return True
+    with _throwaway_venv(session, installs) as python:
+        session.run(python, "-m", "pytest", *args, env=env, external=True)
+    return True
+
+
 @nox.session(python=PYTHON)
 def contract(session: nox.Session) -> None:
     """The contract suite on every backend and worked example (or those named), or on any URL
@@ -735,9 +776,12 @@ def contract(session: nox.Session) -> None:
     ``--exclude NAME`` (or ``AGENT_STORES_CONTRACT_EXCLUDE``) leaves a backend out, said in
     the summary; a backend whose server cannot run otherwise fails the session.
     ``--url URL [--install PKG ...]``: a third-party backend, installed into a throwaway
-    virtualenv.
+    virtualenv. ``--conversation-store module:attribute [--install PKG ...]``: the
+    conversation contract alone, on a third party's Pydantic AI ``ConversationStore``.
     """
     _install(session)
+    if _conversation_store_run(session):
+        return
     _contract_run(session, {}, "agent_stores_contract.suite", EXAMPLE_BACKENDS)
 
 
