@@ -791,84 +791,147 @@ def _search(
     state after it was searched already, this one fails too. Only where every key
     starts in a known state: with "any state" a read pins a key, so it is no longer
     inert.
+
+    The moves (forced, linearize a call, skip an optional operation, backtrack) are
+    methods of :class:`_Search`; this loop only picks the next one and counts steps.
     """
-    n = len(subs)
-    if n == 0:
+    if not subs:
         return True, 0
-    slot_of = {k: i for i, k in enumerate(keys)}
-    subs = [replace(s, slots=tuple(slot_of[k] for k in s.keys)) for s in _unnamed_merged(subs)]
-    nxt, prv = _event_list(subs)
-    state: State = tuple(_ANY if any_start else None for _ in keys)
-    finite = [s.ret != _INF and not s.optional for s in subs]
-    known_start = not any_start and all(s.kind != "blur" for s in subs)
-    inert = [known_start and _inert(s) for s in subs]
-    left = sum(finite)
-    linearized = 0
-    cache: set[tuple[int, State]] = set()
-    stack: list[tuple[int, State, bool]] = []  # (call, state before it, forced move)
-    entry = nxt[0]
-    new_node, dead_end = True, False
+    search = _Search.start(subs, keys, any_start=any_start)
     steps = 0
-    while left:
+    while search.left:
         steps += 1
         if steps > max_steps:
             return None, steps
-        if new_node:
-            new_node = False
-            forced = _first_fitting(nxt, subs, inert, state)
-            if forced is not None:
-                bits = linearized | (1 << (forced // 2))
-                if (bits, state) not in cache:
-                    cache.add((bits, state))
-                    stack.append((forced, state, True))
-                    linearized = bits
-                    left -= 1
-                    _lift(nxt, prv, forced)
-                    entry, new_node = nxt[0], True
-                    continue
-                dead_end = True  # searched already from here: backtrack
-        if not dead_end and entry % 2 == 1:  # a call
-            i = entry // 2
-            new = _step(state, subs[i])
-            if new is not None and (finite[i] or new != state):
-                bits = linearized | (1 << i)
-                memo = (bits, new)
-                if memo not in cache:
-                    cache.add(memo)
-                    stack.append((entry, state, False))
-                    state, linearized = new, bits
-                    left -= finite[i]
-                    _lift(nxt, prv, entry)
-                    entry, new_node = nxt[0], True
-                    continue
-            entry = nxt[entry]
-        elif (
-            not dead_end
-            and subs[(entry - 1) // 2].optional
-            and (linearized | (1 << ((entry - 1) // 2)), state) not in cache
-        ):
-            # An optional operation's return: it did not happen. Lift it as skipped.
-            i = (entry - 1) // 2
-            call = entry - 1
-            cache.add((linearized | (1 << i), state))
-            stack.append((call, state, False))
-            linearized |= 1 << i
-            _lift(nxt, prv, call)
-            entry, new_node = nxt[0], True
-        else:  # a return whose call is not linearized yet: backtrack past forced moves
-            dead_end = False
-            while True:
-                if not stack:
-                    return False, steps
-                entry, state, was_forced = stack.pop()
-                i = entry // 2
-                linearized &= ~(1 << i)
-                left += finite[i]
-                _unlift(nxt, prv, entry)
-                if not was_forced:
-                    break
-            entry = nxt[entry]
+        if search.new_node:
+            search.new_node = False
+            if search.take_forced():
+                continue
+        if not search.dead_end and search.entry % 2 == 1:  # a call
+            search.try_call()
+        elif not search.dead_end and search.may_skip():
+            search.skip_optional()
+        elif not search.backtrack():  # a return whose call is not linearized yet
+            return False, steps
     return True, steps
+
+
+@dataclass
+class _Search:
+    """The state of one :func:`_search`: the event list (``nxt``/``prv``, call of i is
+    node 2i+1, its return 2i+2), the keys' state, the operations linearized (a bit
+    each), how many with a response are left, the memo of (linearized, state) searched
+    already and the stack of moves to backtrack, and where the search stands (``entry``;
+    ``new_node``: just moved there; ``dead_end``: must backtrack)."""
+
+    subs: list[_Sub]
+    nxt: list[int]
+    prv: list[int]
+    #: whether each operation has a response (must be linearized)
+    finite: list[bool]
+    #: whether each operation is inert (:func:`_inert`), taken as a forced move
+    inert: list[bool]
+    state: State
+    left: int
+    entry: int
+    linearized: int = 0
+    cache: set[tuple[int, State]] = field(default_factory=set)
+    #: (call, state before it, forced move)
+    stack: list[tuple[int, State, bool]] = field(default_factory=list)
+    new_node: bool = True
+    dead_end: bool = False
+
+    @classmethod
+    def start(cls, subs: Sequence[_Sub], keys: Sequence[str], *, any_start: bool) -> _Search:
+        slot_of = {k: i for i, k in enumerate(keys)}
+        merged = [
+            replace(s, slots=tuple(slot_of[k] for k in s.keys)) for s in _unnamed_merged(subs)
+        ]
+        nxt, prv = _event_list(merged)
+        finite = [s.ret != _INF and not s.optional for s in merged]
+        known_start = not any_start and all(s.kind != "blur" for s in merged)
+        return cls(
+            subs=merged,
+            nxt=nxt,
+            prv=prv,
+            finite=finite,
+            inert=[known_start and _inert(s) for s in merged],
+            state=tuple(_ANY if any_start else None for _ in keys),
+            left=sum(finite),
+            entry=nxt[0],
+        )
+
+    def _moved(self, call: int) -> None:
+        """Lift the linearized ``call`` (and its return) out of the event list and start
+        again from its head, at a new node."""
+        _lift(self.nxt, self.prv, call)
+        self.entry, self.new_node = self.nxt[0], True
+
+    def take_forced(self) -> bool:
+        """At a new node, linearize the first inert operation that fits, as a forced move;
+        whether it was taken (when the state after it was searched already, the node is a
+        dead end instead)."""
+        forced = _first_fitting(self.nxt, self.subs, self.inert, self.state)
+        if forced is None:
+            return False
+        bits = self.linearized | (1 << (forced // 2))
+        if (bits, self.state) in self.cache:
+            self.dead_end = True  # searched already from here: backtrack
+            return False
+        self.cache.add((bits, self.state))
+        self.stack.append((forced, self.state, True))
+        self.linearized = bits
+        self.left -= 1
+        self._moved(forced)
+        return True
+
+    def try_call(self) -> None:
+        """At a call: linearize it when it fits the state (and, without a response, changes
+        it) into a state not searched already; else go on to the next event."""
+        i = self.entry // 2
+        new = _step(self.state, self.subs[i])
+        if new is not None and (self.finite[i] or new != self.state):
+            bits = self.linearized | (1 << i)
+            memo = (bits, new)
+            if memo not in self.cache:
+                self.cache.add(memo)
+                self.stack.append((self.entry, self.state, False))
+                self.state, self.linearized = new, bits
+                self.left -= self.finite[i]
+                self._moved(self.entry)
+                return
+        self.entry = self.nxt[self.entry]
+
+    def may_skip(self) -> bool:
+        """At a return: whether it is an optional operation's, skipping it not searched yet."""
+        i = (self.entry - 1) // 2
+        return self.subs[i].optional and (self.linearized | (1 << i), self.state) not in self.cache
+
+    def skip_optional(self) -> None:
+        """An optional operation's return: it did not happen. Lift it as skipped."""
+        i = (self.entry - 1) // 2
+        call = self.entry - 1
+        self.cache.add((self.linearized | (1 << i), self.state))
+        self.stack.append((call, self.state, False))
+        self.linearized |= 1 << i
+        self._moved(call)
+
+    def backtrack(self) -> bool:
+        """Undo the moves back to the last one that was not forced, and go on after it;
+        False when there is none left (not linearizable)."""
+        self.dead_end = False
+        while True:
+            if not self.stack:
+                return False
+            entry, self.state, was_forced = self.stack.pop()
+            i = entry // 2
+            self.linearized &= ~(1 << i)
+            self.left += self.finite[i]
+            _unlift(self.nxt, self.prv, entry)
+            if not was_forced:
+                break
+        self.entry = self.nxt[entry]
+        return True
 
 
 def _first_fitting(
