@@ -594,6 +594,8 @@ RELEASE_WATCH = (
 )
 #: Contract targets of each release lane (a space- or comma-separated override).
 RELEASES_CONTRACT_ENV = "AGENT_STORES_RELEASES_CONTRACT"
+#: Test files or folders a release lane runs instead of every package's unit tests.
+RELEASES_TESTS_ENV = "AGENT_STORES_RELEASES_TESTS"
 
 
 def _locked_versions() -> dict[str, set[str]]:
@@ -657,9 +659,9 @@ def _install_resolved(session: nox.Session, resolution: str) -> None:
 
 def _release_lane(session: nox.Session, resolution: str, default_targets: str) -> None:
     """The unit tests (packages as in ``nox -s tests``: ``AGENT_STORES_TESTS_PACKAGES`` /
-    ``_EXCLUDE``), then the contract on ``default_targets`` (or
-    ``AGENT_STORES_RELEASES_CONTRACT``), on the workspace resolved with ``resolution``;
-    posargs go to every pytest run."""
+    ``_EXCLUDE``; or only the paths in ``AGENT_STORES_RELEASES_TESTS``), then the contract
+    on ``default_targets`` (or ``AGENT_STORES_RELEASES_CONTRACT``), on the workspace
+    resolved with ``resolution``; posargs go to every pytest run."""
     _install_resolved(session, resolution)
     session.run("python", "-c", "import pydantic_ai, pydantic_ai_harness, agent_stores")
     targets = os.environ.get(RELEASES_CONTRACT_ENV, default_targets).replace(",", " ").split()
@@ -667,8 +669,13 @@ def _release_lane(session: nox.Session, resolution: str, default_targets: str) -
     if unknown:
         session.error(f"{RELEASES_CONTRACT_ENV}: unknown {unknown}; known {sorted(BACKENDS)}")
     failed: list[str] = []
+    subset = os.environ.get(RELEASES_TESTS_ENV, "").replace(",", " ").split()
     try:
-        _unit_tests(session, [*_generic_path_sample(session), *session.posargs])
+        if subset:
+            session.log(f"unit tests: only {' '.join(subset)} ({RELEASES_TESTS_ENV})")
+            session.run("pytest", *subset, *session.posargs)
+        else:
+            _unit_tests(session, [*_generic_path_sample(session), *session.posargs])
     except nox.command.CommandFailed:
         failed.append("unit tests")
     outcomes: dict[str, list[str]] = {"passed": [], "failed": []}
