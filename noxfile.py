@@ -711,9 +711,12 @@ def lowest(session: nox.Session) -> None:
 def install(session: nox.Session) -> None:
     """Every backend installed with plain pip into a fresh venv as docs/install.md says.
 
-    Then, with that venv's own CLI: ``agent-stores check --setup --write`` and one agent
-    conversation (``agent-stores demo``) against a private server.
-    ``-- NAME ...`` limits it to some backends.
+    The wheelhouse is built from ``packages/*/`` and ``contract-tests/``. Then, with that
+    venv's own CLI: ``agent-stores check --setup --write`` and one agent conversation
+    (``agent-stores demo``) against a private server; and, for sqlite and redis,
+    ``pip install agent-stores-contract agent-stores-NAME`` into another fresh venv and the
+    suite's KV and port contracts run from that installed package, outside the clone
+    (``scripts/install_check.py``). ``-- NAME ...`` limits it to some backends.
     """
     names = session.posargs or ["sqlite", *SERVER_BACKENDS]
     unknown = [n for n in names if n not in BACKENDS]
