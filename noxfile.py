@@ -11,6 +11,8 @@ Sessions install the locked workspace (``uv.lock``) into their own virtualenv wi
                                      # any backend (third parties; throwaway virtualenv)
     nox -s contract -- --conversation-store module:attribute [--install ...]
                                      # the conversation contract on any ConversationStore
+    nox -s contract -- sqlite --shuffle[=SEED]     # in a shuffled order, seed printed
+    nox -s contract -- dynamodb --alone 30 [--seed S]  # 30 tests drawn by a seed, each alone
     nox -s contract-deep             # the KV contract with a large model-test budget
     nox -s contract-stress -- [--runs N] [sqlite redis]   # the contract N times under CPU load
     nox -s synaptum                  # the Synaptum adapter tests on Python 3.13
@@ -22,8 +24,12 @@ Sessions install the locked workspace (``uv.lock``) into their own virtualenv wi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
+import random
+import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -210,8 +216,12 @@ def _run_contract(
     python_bin: str | None = None,
     env: dict[str, str] | None = None,
     suite: str = "agent_stores_contract.suite",
+    order: Order | None = None,
 ) -> None:
     session.log(f"contract suite on {label}: {_redacted(url)}")
+    if order is not None and order.alone_mode:
+        _run_contract_alone(session, label, url, extra, order, python_bin, env, suite)
+        return
     # Through the environment, not argv: nox echoes commands, and a URL may hold a password.
     pytest = [python_bin, "-m", "pytest"] if python_bin else ["pytest"]
     session.run(
@@ -224,6 +234,158 @@ def _run_contract(
         env={"PYTHONDONTWRITEBYTECODE": "1", AGENT_STORES_CONTRACT_URL: url, **(env or {})},
         external=python_bin is not None,
     )
+
+
+SHUFFLE_ENV = "AGENT_STORES_CONTRACT_SHUFFLE"
+
+
+@dataclasses.dataclass
+class Order:
+    """How the contract's tests run: in the suite's order, shuffled by a seed
+    (``--shuffle[=SEED]``, or ``AGENT_STORES_CONTRACT_SHUFFLE=1|SEED``), or some of them
+    each alone in its own pytest process (``--alone N [--seed S]``: N tests drawn by the
+    seed from the target's collected ids; ``--alone-test ID``: those ids)."""
+
+    targets: str = ""
+    shuffle_seed: int | None = None
+    alone: int = 0
+    seed: int = 0
+    alone_tests: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def alone_mode(self) -> bool:
+        return self.alone > 0 or bool(self.alone_tests)
+
+    def pytest_args(self) -> list[str]:
+        """pytest-random-order's options for a shuffled run (none otherwise)."""
+        if self.shuffle_seed is None:
+            return []
+        return ["--random-order-bucket=global", f"--random-order-seed={self.shuffle_seed}"]
+
+
+def _seed(session: nox.Session, value: str, what: str) -> int:
+    if value in ("", "1", "random"):
+        return random.SystemRandom().randrange(1, 1_000_000)
+    if not value.isdigit():
+        session.error(f"{what} takes a whole number, not {value!r}")
+    return int(value)
+
+
+def _order(session: nox.Session, names: list[str], ours: dict[str, list[str]]) -> Order:
+    """The run's order from ``--shuffle``, ``--alone``/``--seed``/``--alone-test`` and
+    ``AGENT_STORES_CONTRACT_SHUFFLE``; the seed is logged with the command repeating it."""
+    targets = " ".join(names) if names else "--url URL" if ours["--url"] else ""
+    order = Order(targets=targets, alone_tests=list(ours["--alone-test"]))
+    shuffle = [*ours["--shuffle"], *filter(None, [os.environ.get(SHUFFLE_ENV, "")])]
+    if shuffle and shuffle[0] != "0":
+        order.shuffle_seed = _seed(session, shuffle[0], "--shuffle=")
+        session.log(
+            f"contract order: shuffled (pytest-random-order, one global bucket), seed "
+            f"{order.shuffle_seed}; repeat with: uv run nox -s contract -- {targets} "
+            f"--shuffle={order.shuffle_seed}"
+        )
+    if ours["--alone"]:
+        if not ours["--alone"][-1].isdigit() or int(ours["--alone"][-1]) < 1:
+            session.error("--alone takes a number of tests (at least 1)")
+        order.alone = int(ours["--alone"][-1])
+        order.seed = _seed(session, (ours["--seed"] or [""])[-1], "--seed")
+    elif ours["--seed"]:
+        session.error("--seed goes with --alone N")
+    if order.alone_mode and order.shuffle_seed is not None:
+        session.error("--shuffle and --alone exclude each other (a test alone has no order)")
+    return order
+
+
+def _collected_ids(
+    session: nox.Session, pytest: list[str], suite: str, extra: list[str], env: dict[str, str]
+) -> list[str]:
+    """The node ids the suite collects on this target (``-k`` and friends applied)."""
+    # One id a line: pytest prints them at verbosity -1 (``-q`` once) only.
+    extra = [a for a in extra if not re.fullmatch(r"-[qv]+|--quiet|--verbose", a)]
+    output = session.run(
+        *pytest,
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        suite,
+        "--collect-only",
+        "-q",
+        *extra,
+        env=env,
+        external=pytest[0] != "pytest",
+        silent=True,
+    )
+    return sorted(line.strip() for line in str(output).splitlines() if "::" in line)
+
+
+def _fresh_url(url: str, index: int) -> str:
+    """``url`` on storage no test has used yet, where one URL names it (a SQLite file, a
+    DynamoDB table, a Cosmos DB database and container): a test run alone then meets a
+    backend as a fresh server has it, and must set up what it needs itself."""
+    parts = urllib.parse.urlsplit(url)
+    fresh = f"alone-{index}-{uuid.uuid4().hex[:8]}"
+    if parts.scheme == "sqlite" and parts.path.endswith(".db"):
+        return urllib.parse.urlunsplit(parts._replace(path=f"{parts.path[:-3]}-{fresh}.db"))
+    if parts.scheme == "dynamodb" and parts.hostname:
+        netloc = parts.netloc.rsplit("@", 1)
+        netloc[-1] = netloc[-1].replace(parts.hostname, f"agent-stores-{fresh}", 1)
+        return urllib.parse.urlunsplit(parts._replace(netloc="@".join(netloc)))
+    if parts.scheme == "cosmos" and parts.path.count("/") == 2:
+        return urllib.parse.urlunsplit(parts._replace(path=f"/db-{fresh}/c-{fresh}"))
+    return url
+
+
+def _run_contract_alone(
+    session: nox.Session,
+    label: str,
+    url: str,
+    extra: list[str],
+    order: Order,
+    python_bin: str | None,
+    env: dict[str, str] | None,
+    suite: str,
+) -> None:
+    """Each chosen test in a pytest process of its own, on fresh storage; the failures are
+    listed with the one command repeating each, and fail the target."""
+    pytest = [python_bin, "-m", "pytest"] if python_bin else ["pytest"]
+    base_env = {"PYTHONDONTWRITEBYTECODE": "1", AGENT_STORES_CONTRACT_URL: url, **(env or {})}
+    ids = order.alone_tests
+    if not ids:
+        collected = _collected_ids(session, pytest, suite, extra, base_env)
+        if not collected:
+            session.error(f"no contract test collected on {label} to run alone")
+        ids = random.Random(order.seed).sample(collected, min(order.alone, len(collected)))
+        session.log(
+            f"sampled alone on {label}: {len(ids)} of {len(collected)} tests drawn by seed "
+            f"{order.seed}; repeat with: uv run nox -s contract -- {order.targets} "
+            f"--alone {order.alone} --seed {order.seed}"
+        )
+    options = [a for a in extra if a not in ("-x", "--exitfirst")]
+    failed: list[str] = []
+    for index, test_id in enumerate(ids, 1):
+        session.log(f"alone {index}/{len(ids)} on {label}: {test_id}")
+        # Fresh storage only on the servers nox started, never on a URL given to it.
+        own = label in BACKENDS or label in SECOND_TARGETS
+        fresh = {**base_env, AGENT_STORES_CONTRACT_URL: _fresh_url(url, index) if own else url}
+        try:
+            session.run(
+                *pytest,
+                "-p",
+                "no:cacheprovider",
+                test_id,
+                *options,
+                env=fresh,
+                external=python_bin is not None,
+            )
+        except nox.command.CommandFailed:
+            failed.append(test_id)
+    for test_id in failed:
+        session.warn(
+            f"failed alone on {label}: {test_id}; repeat with: uv run nox -s contract -- "
+            f"{order.targets} --alone-test {shlex.quote(test_id)}"
+        )
+    if failed:
+        raise nox.command.CommandFailed(f"{len(failed)} of {len(ids)} tests failed alone")
 
 
 AGENT_STORES_CONTRACT_URL = "AGENT_STORES_CONTRACT_URL"
@@ -257,12 +419,22 @@ def _contract_args(
     """Split posargs into target names (of ``targets``), our options (--url, --install,
     --exclude) and pytest's."""
     names: list[str] = []
-    ours: dict[str, list[str]] = {"--url": [], "--install": [], "--exclude": []}
+    ours: dict[str, list[str]] = {
+        "--url": [],
+        "--install": [],
+        "--exclude": [],
+        "--shuffle": [],
+        "--alone": [],
+        "--seed": [],
+        "--alone-test": [],
+    }
     pytest_args: list[str] = []
     args = list(session.posargs)
     while args:
         arg = args.pop(0)
-        if arg in ours:
+        if arg == "--shuffle":
+            ours[arg].append("")
+        elif arg in ours:
             if not args:
                 session.error(f"{arg} needs a value")
             ours[arg].append(args.pop(0))
@@ -340,11 +512,14 @@ def _contract_on_url(
     pytest_args: list[str],
     pytest_env: dict[str, str],
     suite: str,
+    order: Order | None = None,
 ) -> None:
     """``--url URL [--install ...]``: the suite on one URL (a third party's backend)."""
     url = ours["--url"][0]
     if not ours["--install"]:
-        _run_contract(session, "the given URL", url, pytest_args, env=pytest_env, suite=suite)
+        _run_contract(
+            session, "the given URL", url, pytest_args, env=pytest_env, suite=suite, order=order
+        )
         return
     with _throwaway_venv(session, ours["--install"]) as python:
         _run_contract(
@@ -355,6 +530,7 @@ def _contract_on_url(
             python_bin=python,
             env=pytest_env,
             suite=suite,
+            order=order,
         )
 
 
@@ -394,6 +570,7 @@ def _contract_on_backend(
     suite: str,
     outcomes: dict[str, list[str]],
     excluded: Collection[str] = (),
+    order: Order | None = None,
 ) -> None:
     """The suite on each target of one of our backends (but the ``excluded`` ones), its
     servers started and stopped."""
@@ -405,7 +582,15 @@ def _contract_on_backend(
                     continue
                 try:
                     for part in _suite_parts(label, suite):
-                        _run_contract(session, label, url, pytest_args, env=pytest_env, suite=part)
+                        _run_contract(
+                            session,
+                            label,
+                            url,
+                            pytest_args,
+                            env=pytest_env,
+                            suite=part,
+                            order=order,
+                        )
                     outcomes["passed"].append(label)
                 except nox.command.CommandFailed:
                     outcomes["failed"].append(label)
@@ -424,13 +609,21 @@ def _contract_on_example(
     pytest_env: dict[str, str],
     suite: str,
     outcomes: dict[str, list[str]],
+    order: Order | None = None,
 ) -> None:
     """The suite on a worked example, installed like somebody else's backend."""
     folder, url = example
     try:
         with _throwaway_venv(session, [str(ROOT / folder)]) as python:
             _run_contract(
-                session, label, url, pytest_args, python_bin=python, env=pytest_env, suite=suite
+                session,
+                label,
+                url,
+                pytest_args,
+                python_bin=python,
+                env=pytest_env,
+                suite=suite,
+                order=order,
             )
         outcomes["passed"].append(label)
     except nox.command.CommandFailed:
@@ -446,20 +639,24 @@ def _contract_run(
     """Run ``suite`` on the named targets, or on every backend and every one of ``examples``."""
     examples = examples or {}
     names, ours, pytest_args = _contract_args(session, [*BACKENDS, *examples])
+    order = _order(session, names, ours)
+    pytest_args = [*pytest_args, *order.pytest_args()]
     if ours["--url"]:
         if len(ours["--url"]) > 1 or names:
             session.error("--url takes one URL and no backend names")
-        _contract_on_url(session, ours, pytest_args, pytest_env, suite)
+        _contract_on_url(session, ours, pytest_args, pytest_env, suite, order)
         return
     if ours["--install"]:
         session.error("--install goes with --url URL (a third-party backend)")
     chosen, excluded = _chosen_targets(session, names, ours, examples)
     outcomes: dict[str, list[str]] = {"passed": [], "failed": []}
     for name in (n for n in chosen if n in BACKENDS):
-        _contract_on_backend(session, name, pytest_args, pytest_env, suite, outcomes, excluded)
+        _contract_on_backend(
+            session, name, pytest_args, pytest_env, suite, outcomes, excluded, order
+        )
     for label in (n for n in chosen if n in examples):
         _contract_on_example(
-            session, label, examples[label], pytest_args, pytest_env, suite, outcomes
+            session, label, examples[label], pytest_args, pytest_env, suite, outcomes, order
         )
     passed, failed = outcomes["passed"], outcomes["failed"]
     session.log(f"contract summary: passed {passed or '-'}; failed {failed or '-'}")
