@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .base import ContractBase
     from .checkpointer import CheckpointerContract
+    from .conversations import ConversationContract
     from .faults import FaultContract
     from .harness_capabilities import HarnessCapabilityContract
     from .kv import KVContract
@@ -34,6 +35,7 @@ _LAZY = {
     "SessionContract": "agent_stores_contract.sessions",
     "MemoryContract": "agent_stores_contract.memory",
     "CheckpointerContract": "agent_stores_contract.checkpointer",
+    "ConversationContract": "agent_stores_contract.conversations",
     "FaultContract": "agent_stores_contract.faults",
     "HarnessCapabilityContract": "agent_stores_contract.harness_capabilities",
     "PortContract": "agent_stores_contract.ports",
@@ -44,6 +46,7 @@ _LAZY = {
 __all__ = [
     "CheckpointerContract",
     "ContractBase",
+    "ConversationContract",
     "FaultContract",
     "HarnessCapabilityContract",
     "KVContract",
