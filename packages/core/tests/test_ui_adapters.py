@@ -4,12 +4,14 @@
 ``agent_stores.open_conversations(url)`` and ``conversation_scope=`` the user, served by
 Starlette and driven by its ``TestClient`` (the scenarios: ``ui_adapter_support.py``).
 Here on SQLite and ``memory://``, with Pydantic AI's ``InMemoryConversationStore`` as the
-reference, and with two app processes (two stores on one SQLite file) serving one tab's
-requests in turn; the Redis package runs the same scenarios on Redis.
+reference, and with two app processes (two stores on one SQLite file, or one
+``memory://NAME``) serving one tab's requests in turn; the Redis package runs the same
+scenarios on Redis.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,9 +30,6 @@ from ui_adapter_support import (
 
 
 def url_opener(url: str) -> StoreOpener:
-    if not hasattr(agent_stores, "open_conversations"):
-        pytest.skip("agent_stores.open_conversations is not there yet")
-
     @asynccontextmanager
     async def open_store() -> AsyncIterator[ConversationStore]:
         async with agent_stores.open_conversations(url) as store:
@@ -51,7 +50,8 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreOpener:
     if request.param == "pydantic-ai-in-memory":
         return reference_store
     if request.param == "memory":
-        return url_opener("memory://")
+        # A name of its own: ``memory://`` alone is one space shared by the whole process.
+        return url_opener(f"memory://ui-{uuid.uuid4().hex[:8]}")
     return url_opener(f"sqlite:///{tmp_path / 'chat.db'}")
 
 
@@ -71,11 +71,13 @@ def test_vercel_ai_delete_during_a_run(open_store: StoreOpener) -> None:
     delete_story(open_store)
 
 
-@pytest.fixture(params=["pydantic-ai-in-memory", "sqlite"])
+@pytest.fixture(params=["pydantic-ai-in-memory", "memory", "sqlite"])
 def open_shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreOpener:
     """Opens a store on the same data each time (one per app process)."""
     if request.param == "sqlite":
         return url_opener(f"sqlite:///{tmp_path / 'chat.db'}")
+    if request.param == "memory":
+        return url_opener(f"memory://ui-{uuid.uuid4().hex[:8]}")
     shared = InMemoryConversationStore()
 
     @asynccontextmanager

@@ -43,8 +43,6 @@ StoreOpener = Callable[[], AbstractAsyncContextManager[ConversationStore]]
 @pytest.fixture(params=["redis", "redis-cluster"])
 def open_store(request: pytest.FixtureRequest) -> StoreOpener:
     """Opens the store the app serves, in the app's lifespan, on a fresh prefix."""
-    if not hasattr(agent_stores, "open_conversations"):
-        pytest.skip("agent_stores.open_conversations is not there yet")
     fixture = "standalone_url" if request.param == "redis" else "cluster_url"
     url: str = request.getfixturevalue(fixture)
 
