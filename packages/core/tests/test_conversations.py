@@ -226,3 +226,42 @@ async def test_the_same_id_created_twice_at_once_gives_one_conversation(
     assert all(
         isinstance(o, ConversationConflict) for o in outcomes if isinstance(o, BaseException)
     )
+
+
+async def test_doctor_finds_and_quarantines_damaged_conversations(
+    counted: KVConversationStore,
+) -> None:
+    from agent_stores.conversations import ConversationEntryMissingError
+    from agent_stores.doctor import scan
+
+    prefix = counted.layout.prefix
+    await counted.save(Conversation(conversation_id="fine", messages=_turns(4)), scope="u")
+    await counted.save(Conversation(conversation_id="torn", messages=_turns(4)), scope="u")
+    await counted.save(Conversation(conversation_id="garbled", messages=_turns(2)), scope="u")
+    owner = counted.layout.owner_scope("u")
+    keys = [item.key async for item in counted.kv.iter_scan(owner, prefix="e/torn/", values=False)]
+    assert len(keys) == 1
+    entry = await counted.kv.get(owner, keys[0])
+    assert entry is not None
+    await counted.kv.delete(owner, keys[0], expected_version=entry.version)
+    record = await counted.kv.get(owner, "r/garbled")
+    assert record is not None
+    await counted.kv.replace(owner, "r/garbled", b"\x00junk", expected_version=record.version)
+
+    with pytest.raises(ConversationEntryMissingError, match="missing"):
+        await _twin(counted).load("torn")
+    report = await scan(counted.kv, stores=["conversations"], conversation_prefix=prefix)
+    assert report.scanned["conversations"] == 1
+    assert sorted((f.key, f.kind) for f in report.findings) == [
+        ("r/garbled", "undecodable"),
+        ("r/torn", "missing-chunk"),
+    ]
+    repaired = await scan(
+        counted.kv, stores=["conversations"], conversation_prefix=prefix, repair=True
+    )
+    assert repaired.healthy
+    fresh = _twin(counted)
+    assert await fresh.load("torn") is None and await fresh.load("garbled") is None
+    fine = await fresh.load("fine")
+    assert fine is not None and len(fine.messages) == 4
+    assert (await scan(counted.kv, stores=["conversations"], conversation_prefix=prefix)).healthy

@@ -1,4 +1,5 @@
-"""``doctor``: find damaged records in sessions, memory and runs, and quarantine them.
+"""``doctor``: find damaged records in sessions, memory, runs and conversations, and
+quarantine them.
 
 A scan reads every scope under the three stores' prefixes and reports each record that
 cannot be used (a :class:`Finding`):
@@ -9,7 +10,10 @@ cannot be used (a :class:`Finding`):
   chunks are missing or undecodable; a receipt-index entry that does not decode;
 * runs: a journal entry, step event, snapshot, message, tool effect, run record or
   position counter that does not decode, or whose chunks (``x/…``) are missing or fail
-  their checksum; a runs-index entry whose run holds no data.
+  their checksum; a runs-index entry whose run holds no data;
+* conversations (Pydantic AI's ``ConversationStore``): a record that does not decode, or
+  whose history cannot be read to its first entry; an entry segment that does not decode
+  (``conversations/checkup.py``).
 
 With ``repair=True`` every damaged record is first copied, raw bytes and origin, into
 the quarantine scope (:mod:`agent_stores.damage`), then removed conditionally on the
@@ -56,6 +60,7 @@ from .sessions.records import (
 DEFAULT_SESSION_PREFIX = "session:"
 DEFAULT_MEMORY_PREFIX = "memory:"
 DEFAULT_RUNS_PREFIX = "cp/"
+DEFAULT_CONVERSATION_PREFIX = "conversation:"
 
 #: Called with (store, scope, index, total) before each scope is examined.
 Progress = Callable[[str, str, int, int], None]
@@ -66,7 +71,7 @@ class Finding:
     """One damaged record (or group of records that only make sense together)."""
 
     store: str
-    """``sessions``, ``memory`` or ``runs``."""
+    """``sessions``, ``memory``, ``runs`` or ``conversations``."""
     kind: str
     """``undecodable``, ``missing-chunk``, ``damaged-chunk`` or ``dangling-index``."""
     scope: str
@@ -87,7 +92,9 @@ class Finding:
 class Report:
     """What a scan found (and, with repair, what it did)."""
 
-    scanned: dict[str, int] = field(default_factory=lambda: {"sessions": 0, "memory": 0, "runs": 0})
+    scanned: dict[str, int] = field(
+        default_factory=lambda: {"sessions": 0, "memory": 0, "runs": 0, "conversations": 0}
+    )
     findings: list[Finding] = field(default_factory=list)
     repaired: bool = False
 
@@ -335,7 +342,8 @@ async def scan(
     session_prefix: str = DEFAULT_SESSION_PREFIX,
     memory_prefix: str = DEFAULT_MEMORY_PREFIX,
     runs_prefix: str = DEFAULT_RUNS_PREFIX,
-    stores: Sequence[str] = ("sessions", "memory", "runs"),
+    stores: Sequence[str] = ("sessions", "memory", "runs", "conversations"),
+    conversation_prefix: str = DEFAULT_CONVERSATION_PREFIX,
     progress: Progress | None = None,
 ) -> Report:
     """Examine every record of the selected stores; with ``repair``, quarantine the damaged ones."""
@@ -347,6 +355,8 @@ async def scan(
         plan += [("memory", s) for s in await _all_scopes(kv, memory_prefix)]
     if "runs" in stores:
         plan += [("runs", s) for s in await _all_scopes(kv, f"{runs_prefix}run/")]
+    if "conversations" in stores:
+        plan += [("conversations", s) for s in await _all_scopes(kv, f"{conversation_prefix}o")]
     for index, (store, scope) in enumerate(plan):
         if progress is not None:
             progress(store, scope, index, len(plan))
@@ -355,6 +365,8 @@ async def scan(
             report.findings += await _check_session(kv, scope)
         elif store == "memory":
             report.findings += await _check_memory(kv, scope, memory_prefix)
+        elif store == "conversations":
+            report.findings += await _check_conversations(kv, scope, conversation_prefix)
         else:
             report.findings += await _check_run(kv, scope)
     if "runs" in stores:
@@ -363,6 +375,17 @@ async def scan(
         for finding in report.findings:
             await _repair(kv, finding)
     return report
+
+
+async def _check_conversations(kv: KVStore, scope: str, prefix: str) -> list[Finding]:
+    try:
+        from .conversations.checkup import REPAIR, check_owner_scope
+    except ImportError:  # Pydantic AI is not installed: no conversation could be stored
+        return []
+    return [
+        Finding("conversations", d.kind, scope, d.key, d.detail, REPAIR, d.related)
+        for d in await check_owner_scope(kv, prefix, scope)
+    ]
 
 
 async def _repair(kv: KVStore, finding: Finding) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..doctor import (
+    DEFAULT_CONVERSATION_PREFIX,
     DEFAULT_MEMORY_PREFIX,
     DEFAULT_RUNS_PREFIX,
     DEFAULT_SESSION_PREFIX,
@@ -26,13 +27,14 @@ from .common import resolve_url, run_async, url_argument
 @click.option(
     "--store",
     "stores",
-    type=click.Choice(["sessions", "memory", "runs"]),
+    type=click.Choice(["sessions", "memory", "runs", "conversations"]),
     multiple=True,
-    help="Only these stores (repeatable; default: all three).",
+    help="Only these stores (repeatable; default: all four).",
 )
 @click.option("--sessions-prefix", default=DEFAULT_SESSION_PREFIX, show_default=True)
 @click.option("--memory-prefix", default=DEFAULT_MEMORY_PREFIX, show_default=True)
 @click.option("--runs-prefix", default=DEFAULT_RUNS_PREFIX, show_default=True)
+@click.option("--conversations-prefix", default=DEFAULT_CONVERSATION_PREFIX, show_default=True)
 @run_async
 async def doctor(
     url: str | None,
@@ -42,8 +44,9 @@ async def doctor(
     sessions_prefix: str,
     memory_prefix: str,
     runs_prefix: str,
+    conversations_prefix: str,
 ) -> None:
-    """Scan sessions, memory and runs at URL for records that cannot be used.
+    """Scan sessions, memory, runs and conversations at URL for records that cannot be used.
 
     Lists undecodable records, missing or damaged chunks and dangling index entries.
     With --repair each damaged record is copied (raw bytes and origin) into the
@@ -73,7 +76,8 @@ async def doctor(
                 session_prefix=sessions_prefix,
                 memory_prefix=memory_prefix,
                 runs_prefix=runs_prefix,
-                stores=stores or ("sessions", "memory", "runs"),
+                conversation_prefix=conversations_prefix,
+                stores=stores or ("sessions", "memory", "runs", "conversations"),
                 progress=progress,
             )
         finally:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from .errors import ConversationDamagedError, ConversationFormatError
+from .errors import (
+    ConversationDamagedError,
+    ConversationEntryMissingError,
+    ConversationFormatError,
+)
 from .store import DEFAULT_SCOPE_PREFIX, KVConversationStore
 
 __all__ = [
     "DEFAULT_SCOPE_PREFIX",
     "ConversationDamagedError",
+    "ConversationEntryMissingError",
     "ConversationFormatError",
     "KVConversationStore",
 ]

@@ -28,3 +28,15 @@ class ConversationFormatError(ConversationDamagedError):
             "reads; upgrade agent-stores to read it (nothing was changed)",
         )
         self.found = found
+
+
+class ConversationEntryMissingError(ConversationDamagedError, KeyError):
+    """An entry a conversation's history needs is gone (a ``KeyError`` too, as Pydantic AI's
+    ``ConversationStore`` expects of ``read_history`` when a concurrent delete released it)."""
+
+    def __init__(self, conversation_name: str, entry_id: str) -> None:
+        super().__init__(conversation_name, f"entry {entry_id!r} of its history is missing")
+        self.entry_id = entry_id
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)

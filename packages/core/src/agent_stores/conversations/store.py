@@ -39,7 +39,7 @@ from ..errors import ConflictError, UnsupportedError, ValueTooLargeError
 from ..kv.base import Check, Create, KVStore, Operation, Replace, random_hex
 from ..lifecycle import KVBackedStore
 from ..lru import LRU
-from .errors import ConversationDamagedError
+from .errors import ConversationDamagedError, ConversationEntryMissingError
 from .layout import (
     POINTER_KEY,
     Home,
@@ -269,7 +269,7 @@ class KVConversationStore(KVBackedStore, ConversationStore):
             found = indexes[home].get(entry_id)
             if found is None:
                 # Released by a concurrent delete, or damaged: the ABC re-reads the record.
-                raise KeyError(entry_id)
+                raise ConversationEntryMissingError(home.name, entry_id)
             history.append(found.entry)
             entry_id = found.entry.parent_id
             if found.parent_home is not None:
