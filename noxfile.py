@@ -1,4 +1,5 @@
-"""Development tasks: ``nox -s tests contract install synaptum lint docs`` is what CI runs.
+"""Development tasks: ``nox -s tests contract install synaptum lint docs newest lowest`` is
+what CI runs.
 
 Sessions install the locked workspace (``uv.lock``) into their own virtualenv with
 ``uv sync --frozen``. Backends are tested against real servers started and stopped by
@@ -43,7 +44,16 @@ import nox
 
 ROOT = Path(__file__).parent
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["tests", "contract", "install", "synaptum", "lint", "docs"]
+nox.options.sessions = [
+    "tests",
+    "contract",
+    "install",
+    "synaptum",
+    "lint",
+    "docs",
+    "newest",
+    "lowest",
+]
 # A session whose Python is missing (3.13 for synaptum) fails instead of being skipped.
 nox.options.error_on_missing_interpreters = True
 nox.options.reuse_existing_virtualenvs = True
