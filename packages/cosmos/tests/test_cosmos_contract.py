@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from agent_stores_contract import (
     CheckpointerContract,
+    ConversationContract,
     FaultContract,
     KVContract,
     MemoryContract,
@@ -48,3 +49,7 @@ class TestCosmosFaults(CosmosURL, FaultContract):
 
 class TestCosmosPorts(CosmosURL, PortContract):
     """The port contract on Cosmos DB (the generic ports, as it offers no native ones)."""
+
+
+class TestCosmosConversations(CosmosURL, ConversationContract):
+    """Pydantic AI's ConversationStore protocol on Cosmos DB (``open_conversations(url)``)."""

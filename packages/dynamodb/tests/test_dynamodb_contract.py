@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from agent_stores_contract import (
     CheckpointerContract,
+    ConversationContract,
     FaultContract,
     KVContract,
     MemoryContract,
@@ -39,3 +40,7 @@ class TestDynamoDBFaults(DynamoDBURL, FaultContract):
 
 class TestDynamoDBPorts(DynamoDBURL, PortContract):
     """The port contract on DynamoDB (its session port; generic memory and journal ports)."""
+
+
+class TestDynamoDBConversations(DynamoDBURL, ConversationContract):
+    """Pydantic AI's ConversationStore protocol on DynamoDB (``open_conversations(url)``)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from agent_stores_contract import (
     CheckpointerContract,
+    ConversationContract,
     FaultContract,
     KVContract,
     MemoryContract,
@@ -48,3 +49,7 @@ class TestFirestoreFaults(FirestoreURL, FaultContract):
 
 class TestFirestorePorts(FirestoreURL, PortContract):
     """The port contract on Firestore (the generic ports, as it offers no native ones)."""
+
+
+class TestFirestoreConversations(FirestoreURL, ConversationContract):
+    """Pydantic AI's ConversationStore protocol on Firestore (``open_conversations(url)``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from agent_stores_contract import (
     CheckpointerContract,
+    ConversationContract,
     FaultContract,
     KVContract,
     MemoryContract,
@@ -41,3 +42,7 @@ class TestPostgresFaults(PostgresURL, FaultContract):
 
 class TestPostgresPorts(PostgresURL, PortContract):
     """The port contract on PostgreSQL (its session, memory and journal ports)."""
+
+
+class TestPostgresConversations(PostgresURL, ConversationContract):
+    """Pydantic AI's ConversationStore protocol on PostgreSQL (``open_conversations(url)``)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from agent_stores_contract import (
     CheckpointerContract,
+    ConversationContract,
     FaultContract,
     KVContract,
     MemoryContract,
@@ -49,3 +50,7 @@ class TestRedisFaults(RedisURLs, FaultContract):
 
 class TestRedisPorts(RedisURLs, PortContract):
     """The port contract on Redis (its session and memory ports; not atomic on the cluster)."""
+
+
+class TestRedisConversations(RedisURLs, ConversationContract):
+    """Pydantic AI's ConversationStore protocol on Redis (``open_conversations(url)``)."""
