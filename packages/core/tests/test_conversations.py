@@ -265,3 +265,27 @@ async def test_doctor_finds_and_quarantines_damaged_conversations(
     fine = await fresh.load("fine")
     assert fine is not None and len(fine.messages) == 4
     assert (await scan(counted.kv, stores=["conversations"], conversation_prefix=prefix)).healthy
+
+
+async def test_erase_subject_deletes_its_conversations_and_keeps_what_others_forked(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'erase.db'}"
+    async with agent_stores.connect(url) as connection:
+        store = connection.conversations()
+        for name in ("a", "b"):
+            await store.save(Conversation(conversation_id=name, messages=_turns(4)), scope="alice")
+        await store.save(Conversation(conversation_id="c", messages=_turns(2)), scope="bob")
+        await store.fork("b", at=2, new_conversation_id="bob-fork", scope="bob")
+        report = await connection.erase_subject("alice")
+        assert report.complete and report.conversations == ("a", "b")
+        assert report.kept_for_forks == 1
+        assert report.as_dict()["conversations"] == ["a", "b"]
+        fresh = connection.conversations()
+        assert await fresh.load("a") is None and await fresh.load("b") is None
+        assert await fresh.list_conversations(scope="alice") == []
+        forked = await fresh.load("bob-fork")
+        assert forked is not None and len(forked.messages) == 2
+        assert await connection.kv.get(fresh.layout.pointer_scope("a"), "p") is None
+        again = await connection.erase_subject("alice")
+        assert again.complete and again.conversations == ()

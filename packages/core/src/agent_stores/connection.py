@@ -128,8 +128,13 @@ class StoreConnection(AsyncCloseable):
         if memory_scope_prefixes is None:
             entries = await SubjectIndex(self.kv).entries(subject, "memory")
             memory_scope_prefixes = sorted({e.store for e in entries})
+        try:
+            conversations = self.conversations()
+        except ConfigError:  # Pydantic AI is not installed: no conversation was stored
+            conversations = None
         return await erase_subject(
             subject,
+            conversations=conversations,
             sessions=self.sessions(),
             memory=[self.memory(scope_prefix=p) for p in memory_scope_prefixes],
             checkpointer=self.checkpointer(**(checkpointer_options or {})),

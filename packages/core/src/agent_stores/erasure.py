@@ -9,7 +9,9 @@ on one KV store (see :mod:`agent_stores.subjects` for how each records its subje
 2. the subject's sessions are copied into its scope as conversations, so the runs of
    those conversations are still found by an erase resumed after the sessions are gone;
 3. the sessions are erased (:meth:`SessionStore.erase_owner`: a turn holding one loses
-   its lease and saves nothing);
+   its lease and saves nothing), then the Pydantic AI conversations saved with the
+   subject as their scope (recorded in its scope first, for their runs, then deleted
+   with their pointers: :meth:`KVConversationStore.erase_scope`);
 4. each memory namespace is erased (:meth:`KVMemoryStore.erase_namespace`), then each run
    (:meth:`Checkpointer.delete_run`) recorded for the subject, of its conversations, and
    of runs those started;
@@ -34,6 +36,7 @@ from .subjects import DEFAULT_SUBJECT_PREFIX, SubjectEntry, SubjectIndex, check_
 
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer
+    from .conversations import KVConversationStore
     from .kv.base import KVStore
     from .memory import KVMemoryStore
     from .sessions import SessionStore
@@ -67,6 +70,11 @@ class SubjectErasure:
     not_erased: tuple[str, ...] = field(default=())
     """Recorded entries no store given to the erase holds (counted in ``entries_left``):
     a memory namespace or run of a store with another scope prefix."""
+    conversations: tuple[str, ...] = field(default=())
+    """Pydantic AI conversations (``open_conversations``) saved with the subject as scope."""
+    kept_for_forks: int = 0
+    """Entry segments of those conversations kept because a conversation of another scope
+    was forked from them (that conversation's history now, not erased with the subject)."""
 
     @property
     def complete(self) -> bool:
@@ -85,6 +93,8 @@ class SubjectErasure:
             "complete": self.complete,
             "resumed": self.resumed,
             "not_erased": list(self.not_erased),
+            "conversations": list(self.conversations),
+            "kept_for_forks": self.kept_for_forks,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
@@ -93,6 +103,8 @@ class SubjectErasure:
 @dataclass
 class _Progress:
     sessions: dict[str, None] = field(default_factory=dict)
+    conversations: dict[str, None] = field(default_factory=dict)
+    kept_for_forks: int = 0
     namespaces: dict[str, None] = field(default_factory=dict)
     runs: dict[str, None] = field(default_factory=dict)
     not_erased: dict[str, None] = field(default_factory=dict)
@@ -110,6 +122,7 @@ async def erase_subject(
     checkpointer: Checkpointer | None = None,
     kv: KVStore | None = None,
     subject_prefix: str | None = None,
+    conversations: KVConversationStore | None = None,
 ) -> SubjectErasure:
     """Erase everything of ``subject`` the given stores hold, then verify (see the module).
 
@@ -136,6 +149,8 @@ async def erase_subject(
         done.sessions.update(dict.fromkeys(owner.sessions))
         done.scopes_checked += owner.scopes_checked
         done.left += owner.entries_left
+    if conversations is not None:
+        await _erase_conversations(index, subject, conversations, done)
 
     for _ in range(_PASSES):
         entries = await index.entries(subject)
@@ -148,9 +163,12 @@ async def erase_subject(
             if entry.kind == "run":
                 await _erase_runs(index, subject, entry, [entry.ref], checkpointer, done)
             elif entry.kind == "conversation":
-                done.sessions[entry.ref] = None
-                if sessions is not None:
-                    done.origins.add(sessions.storage.scope_for(entry.ref))
+                if entry.store == CONVERSATION_STORE:
+                    done.conversations[entry.ref] = None
+                else:
+                    done.sessions[entry.ref] = None
+                    if sessions is not None:
+                        done.origins.add(sessions.storage.scope_for(entry.ref))
                 runs = await _conversation_runs(checkpointer, entry.ref)
                 await _erase_runs(index, subject, entry, runs, checkpointer, done)
 
@@ -184,6 +202,8 @@ async def erase_subject(
         started_at=started,
         finished_at=store_kv.clock(),
         not_erased=tuple(done.not_erased),
+        conversations=tuple(sorted(done.conversations)),
+        kept_for_forks=done.kept_for_forks,
     )
 
 
@@ -211,6 +231,24 @@ def _subject_index(
             detail="erase_subject needs a store: sessions, memory, checkpointer or kv"
         )
     return SubjectIndex(base, prefix=prefix)
+
+
+#: ``SubjectEntry.store`` of a Pydantic AI conversation (a session's is empty).
+CONVERSATION_STORE = "conversations"
+
+
+async def _erase_conversations(
+    index: SubjectIndex, subject: str, store: KVConversationStore, done: _Progress
+) -> None:
+    """The subject's conversations: recorded first (their runs are found through them by a
+    resumed erase), then deleted with their pointers, and their scope read back."""
+    for conversation_id in await store.conversations_of(subject):
+        await index.add(subject, SubjectEntry("conversation", CONVERSATION_STORE, conversation_id))
+    erased = await store.erase_scope(subject)
+    done.conversations.update(dict.fromkeys(erased.conversations))
+    done.scopes_checked += 1
+    done.left += erased.records_left
+    done.kept_for_forks += erased.kept_for_forks
 
 
 async def _erase_namespace(

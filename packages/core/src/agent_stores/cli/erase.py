@@ -56,6 +56,7 @@ async def erase(
         resumed = " (resumed an unfinished erase)" if report.resumed else ""
         click.echo(f"erased subject {subject!r} from {StoreURL.parse(target).render()}{resumed}")
         click.echo(f"  sessions:   {len(report.sessions)}")
+        click.echo(f"  conversations: {len(report.conversations)}")
         click.echo(f"  namespaces: {', '.join(report.namespaces) or '-'}")
         click.echo(f"  runs:       {len(report.runs)}")
         click.echo(f"  quarantined copies: {report.quarantined}")

@@ -87,6 +87,15 @@ class Located(NamedTuple):
     version: str
 
 
+class ScopeErasure(NamedTuple):
+    """What :meth:`KVConversationStore.erase_scope` deleted and found left."""
+
+    conversations: tuple[str, ...]
+    records_left: int
+    kept_for_forks: int
+    """Entry segments kept because a conversation of another scope forked from them."""
+
+
 class KVConversationStore(KVBackedStore, ConversationStore):
     """A Pydantic AI ``ConversationStore`` on any agent-stores backend (see docs/conversations.md).
 
@@ -244,6 +253,36 @@ class KVConversationStore(KVBackedStore, ConversationStore):
             raise ConversationConflict(conversation_id) from None
         self._records.pop(conversation_id)
         await releaser.release(home)
+
+    # -- erasure ---------------------------------------------------------------------------
+
+    async def conversations_of(self, scope: str) -> list[str]:
+        """The ids of every conversation saved with ``scope`` (one scan of its owner scope)."""
+        return [record.conversation_id for record in await self.read_records(scope=scope)]
+
+    async def erase_scope(self, scope: str) -> ScopeErasure:
+        """Delete every conversation of ``scope`` and its pointer, then read the scope back.
+
+        What a fork saved under another scope still shares stays (its entries are part of
+        that conversation now) and is counted in ``kept_for_forks``; ``records_left`` is 0
+        once nothing of ``scope`` is readable.
+        """
+        owner = self.layout.owner_scope(scope)
+        erased: list[str] = []
+        for conversation_id in await self.conversations_of(scope):
+            await self.delete(conversation_id, scope=scope)
+            pointer_scope = self.layout.pointer_scope(conversation_id)
+            pointer = await self.kv.get(pointer_scope, POINTER_KEY)
+            if pointer is not None and pointer.value == owner.encode():
+                await self.kv.delete(pointer_scope, POINTER_KEY, expected_version=pointer.version)
+            self._pointers.pop(conversation_id)
+            erased.append(conversation_id)
+        left = [item.key async for item in self.kv.iter_scan(owner, values=False)]
+        return ScopeErasure(
+            conversations=tuple(erased),
+            records_left=sum(key.startswith("r/") for key in left),
+            kept_for_forks=sum(key.startswith("e/") for key in left),
+        )
 
     # -- entries ---------------------------------------------------------------------------
 
