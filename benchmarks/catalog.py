@@ -51,9 +51,13 @@ CAPS: dict[str, tuple[int, str]] = {
         1000,
         "moto copies the whole table for every TransactWriteItems "
         "(`moto/dynamodb/models/__init__.py`, `transact_write_items`: `copy.deepcopy` of the "
-        "table as a rollback backup), and every owner-index write is one, so filling 10,000 "
-        "sessions grows moto past several GB and its requests time out; a real table does "
-        "not do this",
+        "table as a rollback backup), and every owner-index write is one, so each write takes "
+        "time in proportion to everything the table holds and filling 10,000 sessions would "
+        "take hours; a real table does not do this. Until the test server turned moto's "
+        "instance tracking off (scripts/servers/dynamodb.py), moto also kept every one of "
+        "those copies: this fill drove it to 22 GB of resident memory in one bench run; now "
+        "moto's peak is printed in the bench's header, and the run stops if moto passes "
+        "its bound (4 GB by default, scripts/servers/watch.py)",
     ),
     "cosmos": (
         1000,

@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -54,6 +55,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 URL_ENV = "AGENT_STORES_TEST_COSMOS_URL"
 DIR_ENV = "AGENT_STORES_COSMOS_SERVER_DIR"
@@ -77,12 +79,27 @@ MIN_NODE_MAJOR = 18
 EMULATOR_KEY = (
     "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
 )
+#: How the memory watch names the server.
+WATCHED_NAME = "cosmosdb-server (the Cosmos DB test server)"
 DATABASE = "agent-stores-test"
 CONTAINER = "kv"
 
 
 class ServerError(RuntimeError):
     """The server could not be installed, started or stopped."""
+
+
+def _watch() -> ModuleType:
+    """``watch.py`` beside this script (loaded by path under one name, as nox loads it)."""
+    name = "agent_stores_servers_watch"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("watch.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 #: What ``cli.js`` prints once it listens (it prints the port it got, also for ``-p 0``).
@@ -380,12 +397,20 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def cosmos_server() -> Iterator[dict[str, str]]:
-    """Start a private server, yield ``{"cosmos": url}``, stop it on exit."""
+    """Start a private server, yield ``{"cosmos": url}``, stop it on exit.
+
+    Its resident memory is watched meanwhile (``watch.py``: 4 GB by default,
+    ``AGENT_STORES_COSMOS_SERVER_RSS_LIMIT_MB``); above it the server is killed and the
+    run stops with :class:`ServerMemoryError`.
+    """
     folder = Path(tempfile.mkdtemp(prefix="agent-stores-cosmos-"))
     server = CosmosServer(0, folder / "cosmosdb-server.log")
     try:
         server.start()
-        yield {"cosmos": url_for(server.port)}
+        assert server.pid is not None
+        # Its resident memory watched: above the bound the run stops (watch.py).
+        with _watch().watching(WATCHED_NAME, server.pid, "cosmos"):
+            yield {"cosmos": url_for(server.port)}
     finally:
         try:
             server.stop()

@@ -21,6 +21,17 @@ moto's own WSGI app (the app and request handler ``moto_server`` uses) behind on
 connections are still read on threads, but requests are handled one at a time, so every
 request is atomic, as in DynamoDB.
 
+And one thing makes moto grow without end: every model object it makes (``BaseModel``, each
+item among them) is appended to a per-class list for its dashboard
+(``moto/core/common_models.py``, ``instances_tracked``) and never dropped, while
+``TransactWriteItems`` deep-copies the whole table as a rollback backup before each
+transaction (``moto/dynamodb/models/__init__.py``, ``transact_write_items``). So every
+transaction kept a copy of every item: moto grew by the table's size per transaction
+(4 MB a transaction at 2,000 items, measured) and reached 22 GB in one ``nox -s bench``.
+The launcher turns the tracking off (nothing but moto's dashboard and S3 read those lists),
+and moto stays at its table's size (95 MB after those 300 transactions). The copies still
+cost time: a transaction takes time in proportion to the whole table.
+
 As a library (load it by path)::
 
     with dynamodb_server() as urls:
@@ -39,6 +50,7 @@ URLs (StoreURL, nox) masks the secret. Each URL has a unique ``prefix``.
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -54,6 +66,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 URL_ENV = "AGENT_STORES_TEST_DYNAMODB_URL"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -62,11 +75,26 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 30.0
 TABLE = "agent-stores-test"
 REGION = "us-east-1"
+#: How the memory watch names the server.
+WATCHED_NAME = "moto (the DynamoDB test server)"
 INSTALL_HINT = 'pip install "moto[server]>=5" (it is in the workspace dev group: uv sync)'
 
 
 class ServerError(RuntimeError):
     """The server could not be started or stopped."""
+
+
+def _watch() -> ModuleType:
+    """``watch.py`` beside this script (loaded by path under one name, as nox loads it)."""
+    name = "agent_stores_servers_watch"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("watch.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 # moto_server's own main(), with requests handled under one lock (see the module docstring).
@@ -78,7 +106,10 @@ try:
     from moto.moto_server.werkzeug_app import MotoRequestHandler as handler
 except ImportError:
     handler = None
+from moto.core.common_models import BaseModel
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+# No instance tracking (see the module docstring): it kept every item moto ever made.
+BaseModel.__new__ = staticmethod(lambda cls, *args, **kwargs: object.__new__(cls))
 app = DomainDispatcherApplication(create_backend_app)
 lock = threading.Lock()
 
@@ -247,12 +278,19 @@ def start_server(log_path: Path) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def dynamodb_server() -> Iterator[dict[str, str]]:
-    """Start a private moto server, yield ``{"dynamodb": url}``, stop it on exit."""
+    """Start a private moto server, yield ``{"dynamodb": url}``, stop it on exit.
+
+    Its resident memory is watched meanwhile (``watch.py``: 4 GB by default,
+    ``AGENT_STORES_DYNAMODB_SERVER_RSS_LIMIT_MB``); above it the server is killed and the
+    run stops with :class:`ServerMemoryError`.
+    """
     directory = Path(tempfile.mkdtemp(prefix="agent-stores-dynamodb-"))
     try:
         pid, port = start_server(directory / "moto.log")
         try:
-            yield {"dynamodb": make_url(port)}
+            # Its resident memory watched: above the bound the run stops (watch.py).
+            with _watch().watching(WATCHED_NAME, pid, "dynamodb"):
+                yield {"dynamodb": make_url(port)}
         finally:
             stop_pid(pid)
     finally:

@@ -37,6 +37,7 @@ state folder given with ``--state-dir``).
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -54,6 +55,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 URL_ENV = "AGENT_STORES_TEST_FIRESTORE_URL"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,6 +63,8 @@ STATE_DIR = REPO_ROOT / ".servers" / "firestore"
 HOST = "127.0.0.1"
 PROJECT = "agent-stores-test"
 COLLECTION = "agent-stores"
+#: How the memory watch names the emulator.
+WATCHED_NAME = "the Firestore emulator"
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 15.0
 MIN_JAVA = 11
@@ -81,6 +85,19 @@ INSTALL_HINT = (
 
 class ServerError(RuntimeError):
     """The emulator could not be started, reset or stopped."""
+
+
+def _watch() -> ModuleType:
+    """``watch.py`` beside this script (loaded by path under one name, as nox loads it)."""
+    name = "agent_stores_servers_watch"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("watch.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 class PortTakenError(ServerError):
@@ -340,12 +357,21 @@ def start_emulator(directory: Path | None = None) -> FirestoreEmulator:
 
 @contextlib.contextmanager
 def firestore_server() -> Iterator[dict[str, str]]:
-    """Start a private emulator, yield ``{"firestore": url}``, stop it (its whole group) on exit."""
+    """Start a private emulator, yield ``{"firestore": url}``, stop it (its whole group) on exit.
+
+    Its resident memory (gcloud's launcher and the JVM) is watched meanwhile (``watch.py``:
+    6 GB by default, ``AGENT_STORES_FIRESTORE_SERVER_RSS_LIMIT_MB``); above it the emulator
+    is killed and the run stops with :class:`ServerMemoryError`.
+    """
     directory = Path(tempfile.mkdtemp(prefix="agent-stores-firestore-"))
     try:
         emulator = start_emulator(directory)
         try:
-            yield {"firestore": url_for(emulator.port)}
+            assert emulator.pgid is not None
+            # Its resident memory watched (gcloud and the JVM): above the bound the run
+            # stops (watch.py).
+            with _watch().watching(WATCHED_NAME, emulator.pgid, "firestore"):
+                yield {"firestore": url_for(emulator.port)}
         finally:
             emulator.stop()
     finally:
