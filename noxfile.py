@@ -1118,7 +1118,9 @@ def bench(session: nox.Session) -> None:
     requests of the admin walks over 1k and 10k scopes (``benchmarks/scope_walk.py``) and of
     one owner's session listing among 1k and 10k sessions (``benchmarks/catalog.py``) and
     forks of sessions with 10 and 10,000 messages (``benchmarks/forks.py``), added to
-    docs/benchmarks.md. ``-- --quick``: short, nothing written."""
+    docs/benchmarks.md. The emulators' resident memory is watched meanwhile (the run stops
+    above a bound: ``scripts/servers/watch.py``) and their peaks printed and written in
+    docs/benchmarks.md's header. ``-- --quick``: short, nothing written."""
     _install(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
     venv = Path(".nox/bench-anchors")
@@ -1146,6 +1148,10 @@ def bench(session: nox.Session) -> None:
     # Server URLs go through the environment, not argv: nox echoes every command line,
     # and a URL may carry a key (the Cosmos test server's).
     env: dict[str, str] = {}
+    # The servers' memory watches (scripts/servers/watch.py) this session starts.
+    watch = _server_module("watch")
+    assert watch is not None
+    watched_before = len(watch.WATCHES)
     with contextlib.ExitStack() as stack:
         for name in ("redis", "postgres", "dynamodb", "cosmos", "firestore"):
             available, urls = BACKENDS[name]
@@ -1162,6 +1168,18 @@ def bench(session: nox.Session) -> None:
             env[f"AGENT_STORES_BENCH_{name.upper()}"] = found[name]
             if "pgvector" in found:
                 env["AGENT_STORES_BENCH_PGVECTOR"] = found["pgvector"]
+        for watched in watch.WATCHES[watched_before:]:
+            bound = f"{watched.limit_mb:,} MB" if watched.limit_mb else "none"
+            session.log(f"{watched.name}: resident memory watched, bound {bound}")
+
+        def print_peaks(failed: type[BaseException] | None, *_: object) -> bool:
+            # On the way out, failed or not (before the servers stop); the page only after
+            # a whole run, which wrote it.
+            page = None if quick or failed else ROOT / "docs" / "benchmarks.md"
+            _bench_server_peaks(session, watch.peaks_line(watch.WATCHES[watched_before:]), page)
+            return False
+
+        stack.push(print_peaks)
         markdown = [] if quick else ["--markdown", "docs/benchmarks.md"]
         session.run(python, "benchmarks/side_by_side.py", *quick, *markdown, external=True, env=env)
         session.run("python", "benchmarks/run.py", *quick, *args, env=env)
@@ -1175,6 +1193,25 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/scope_walk.py", *quick, *recall_page, env=env)
         session.run("python", "benchmarks/catalog.py", *quick, *recall_page, env=env)
         session.run("python", "benchmarks/forks.py", *quick, *recall_page, env=env)
+
+
+#: The line of docs/benchmarks.md's header saying the test servers' peak memory.
+SERVER_PEAKS_PREFIX = "Test servers' peak resident memory"
+
+
+def _bench_server_peaks(session: nox.Session, line: str, page: Path | None) -> None:
+    """Print ``line``, the peak resident memory of the servers the bench started (each one
+    watched by ``scripts/servers/watch.py``: above its bound the run stops) and, given
+    ``page``, put it in the page's header, under its load average line."""
+    if not line:
+        return
+    session.log(line)
+    if page is None or not page.exists():
+        return
+    lines = [x for x in page.read_text().splitlines() if not x.startswith(SERVER_PEAKS_PREFIX)]
+    at = next((i + 1 for i, x in enumerate(lines) if x.startswith("Load average")), 3)
+    lines.insert(at, line)
+    page.write_text("\n".join(lines) + "\n")
 
 
 @nox.session(name="contract-stress", python=False)
