@@ -446,8 +446,6 @@ class FirestoreVectorPort:
     async def _unindexed(
         self, scope: str, model: str, key_prefix: str, below: str, limit: int
     ) -> list[str]:
-        from google.cloud.firestore_v1.base_query import FieldFilter
-
         upper = prefix_upper_bound(key_prefix)
         bound = below if upper is None or below < upper else upper
         ids = _id_range(key_prefix, bound)
@@ -460,34 +458,14 @@ class FirestoreVectorPort:
         now = self.kv.clock()
         found: list[str] = []
         after: str | None = None
+        # A page of KV entries at a time (their versions only), then one batched read of
+        # their file documents to compare: until ``limit`` keys or the end of the range.
         while True:
-            query = entries.order_by("__name__")
-            if after is None:
-                query = query.where(filter=FieldFilter("__name__", ">=", entries.document(low)))
-            else:
-                query = query.where(filter=FieldFilter("__name__", ">", entries.document(after)))
-            if high is not None:
-                query = query.where(filter=FieldFilter("__name__", "<", entries.document(high)))
+            query = _id_page(entries, low if after is None else after, high, first=after is None)
             snaps = await self._stream(
                 query.select(list(self.kv.VERSION_FIELDS)).limit(UNINDEXED_PAGE)
             )
-            live: list[tuple[str, str, str]] = []  # key, version, id
-            past = False
-            for snap in snaps:
-                try:
-                    key = decode_id(snap.id)
-                except ValueError:
-                    continue  # not ours
-                if key >= bound:
-                    past = True  # ids sort like keys: the rest are beyond too
-                    break
-                stated = self.kv.entry_version(snap)
-                if stated is None or not key.startswith(key_prefix):
-                    continue
-                version, expires_at = stated
-                if expires_at is not None and expires_at <= now:
-                    continue
-                live.append((key, version, snap.id))
+            live, past = self._live_entries(snaps, key_prefix, bound, now)
             indexed = await self._get_all(
                 client, [files.document(doc_id) for _, _, doc_id in live], [F_KV]
             )
@@ -500,6 +478,29 @@ class FirestoreVectorPort:
             if past or len(snaps) < UNINDEXED_PAGE:
                 return found
             after = snaps[-1].id
+
+    def _live_entries(
+        self, snaps: Sequence[Any], key_prefix: str, bound: str, now: float
+    ) -> tuple[list[tuple[str, str, str]], bool]:
+        """(key, version, document id) of the unexpired entries of ``key_prefix`` below
+        ``bound`` in a page of entry documents (ids not ours are skipped), and whether the
+        page reached ``bound`` (ids sort like keys: the rest are beyond it too)."""
+        live: list[tuple[str, str, str]] = []
+        for snap in snaps:
+            try:
+                key = decode_id(snap.id)
+            except ValueError:
+                continue  # not ours
+            if key >= bound:
+                return live, True
+            stated = self.kv.entry_version(snap)
+            if stated is None or not key.startswith(key_prefix):
+                continue
+            version, expires_at = stated
+            if expires_at is not None and expires_at <= now:
+                continue
+            live.append((key, version, snap.id))
+        return live, False
 
     async def nearest(
         self,
@@ -835,3 +836,20 @@ def _batches(groups: list[list[_Write]]) -> Iterator[list[_Write]]:
 
 
 __all__ = ["EXACT_MAX_PASSAGES", "FirestoreVectorPort"]
+
+
+def _id_page(
+    entries: AsyncCollectionReference, start: str, high: str | None, *, first: bool
+) -> Any:
+    """The query of the entry documents of ``entries`` from document id ``start``
+    (included on the ``first`` page, else the last id of the page before: excluded) to
+    ``high`` (excluded; None: no end), in id order."""
+    from google.cloud.firestore_v1.base_query import FieldFilter
+
+    query = entries.order_by("__name__")
+    query = query.where(
+        filter=FieldFilter("__name__", ">=" if first else ">", entries.document(start))
+    )
+    if high is not None:
+        query = query.where(filter=FieldFilter("__name__", "<", entries.document(high)))
+    return query
