@@ -179,9 +179,11 @@ def _suite_parts(label: str, suite: str) -> list[str]:
 # Third-party backends kept in this repository as worked examples (docs/plugins.md,
 # "Worked example"): label -> (distribution folder, URL). ``nox -s contract`` runs each like
 # a ``--url URL --install FOLDER`` target, in a throwaway virtualenv, so it is installed the
-# way a user installs somebody else's backend and never joins the workspace.
+# way a user installs somebody else's backend and never joins the workspace. ``{tmp}`` in a
+# URL is a fresh temporary folder of that run (for a backend whose data is a file).
 EXAMPLE_BACKENDS: dict[str, tuple[str, str]] = {
     "example-dictdb": ("examples/agent-stores-dictdb", "dictdb://contract"),
+    "example-filedb": ("examples/agent-stores-filedb", "filedb://{tmp}/contract"),
 }
 
 # Backends served by a package of their own under packages/ (with tests needing the server).
@@ -624,11 +626,14 @@ def _contract_on_example(
     """The suite on a worked example, installed like somebody else's backend."""
     folder, url = example
     try:
-        with _throwaway_venv(session, [str(ROOT / folder)]) as python:
+        with (
+            _throwaway_venv(session, [str(ROOT / folder)]) as python,
+            tempfile.TemporaryDirectory(prefix=f"agent-stores-{label}-") as tmp,
+        ):
             _run_contract(
                 session,
                 label,
-                url,
+                url.replace("{tmp}", tmp),
                 pytest_args,
                 python_bin=python,
                 env=pytest_env,
