@@ -1082,11 +1082,29 @@ def synaptum(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format check) and strict mypy."""
+    """ruff (lint and format check), strict mypy and the complexity check (radon)."""
     _install(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    _complexity_check(session)
+
+
+#: The code the complexity check covers: what is shipped (packages, the contract suite,
+#: the worked examples), not tests, benchmarks or scripts.
+COMPLEXITY_PATHS = ("packages/*/src", "contract-tests/src", "examples/*/src")
+
+
+def _complexity_check(session: nox.Session) -> None:
+    """Nothing above radon grade C (cyclomatic complexity 20): ``radon cc -n D`` lists the
+    functions of grade D or worse, and any line it prints fails the session. A function
+    that grows past C is split along its seams (docs/design.md, "Code standards")."""
+    paths = [
+        str(p.relative_to(ROOT)) for pattern in COMPLEXITY_PATHS for p in sorted(ROOT.glob(pattern))
+    ]
+    found = session.run("radon", "cc", "-n", "D", "-s", *paths, silent=True)
+    if isinstance(found, str) and found.strip():
+        session.error(f"functions above radon grade C (split each along its seams):\n{found}")
 
 
 @nox.session(python=PYTHON)
