@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import agent_stores
@@ -289,3 +290,30 @@ async def test_erase_subject_deletes_its_conversations_and_keeps_what_others_for
         assert await connection.kv.get(fresh.layout.pointer_scope("a"), "p") is None
         again = await connection.erase_subject("alice")
         assert again.complete and again.conversations == ()
+
+
+async def test_retention_deletes_conversations_not_saved_for_the_duration(
+    counted: KVConversationStore,
+) -> None:
+    from agent_stores.retention import RetentionPolicy, apply_retention
+
+    await counted.save(Conversation(conversation_id="old", messages=_turns(2)))
+    await counted.save(Conversation(conversation_id="recent", messages=_turns(2)))
+    policy = RetentionPolicy.parse("conversations-idle=1h")
+    assert policy.conversations_idle_seconds == 3600 and not policy.empty
+    kept = await apply_retention(policy, conversations=counted)
+    assert kept.conversations is not None and kept.conversations.removed == ()
+    # "old" was last saved two hours ago.
+    owner = counted.layout.owner_scope(None)
+    entry = await counted.kv.get(owner, "r/old")
+    assert entry is not None
+    body = json.loads(entry.value)
+    body["updated_at"] = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
+    await counted.kv.replace(
+        owner, "r/old", json.dumps(body).encode(), expected_version=entry.version
+    )
+    purged = await apply_retention(policy, conversations=_twin(counted))
+    assert purged.conversations is not None
+    assert purged.conversations.removed == ("old",) and purged.conversations.scanned == 2
+    assert await _twin(counted).load("old") is None
+    assert await _twin(counted).load("recent") is not None

@@ -13,7 +13,10 @@ separated by spaces or commas; durations in ``d``, ``h``, ``m`` or ``s``), given
     records quarantined by ``doctor --repair`` longer ago (:func:`damage.purge_quarantined`);
 ``memory-age=DURATION``
     memory files not written for that long, in every namespace
-    (:meth:`KVMemoryStore.purge_older_than`; its ``prefix=`` limits it to one namespace).
+    (:meth:`KVMemoryStore.purge_older_than`; its ``prefix=`` limits it to one namespace);
+``conversations-idle=DURATION``
+    Pydantic AI conversations (``open_conversations``) not saved for that long
+    (:meth:`KVConversationStore.purge_idle`).
 
 Each part works on backends without native expiry, reports what it deleted, and is
 finished by running it again after an interruption.
@@ -29,6 +32,8 @@ from .damage import purge_quarantined
 
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer, RunRetention
+    from .conversations import KVConversationStore
+    from .conversations.store import ConversationPurge
     from .kv.base import KVStore
     from .memory import KVMemoryStore
     from .memory.store import MemoryRetention
@@ -50,6 +55,7 @@ class RetentionPolicy:
     runs_keep: int | None = None
     quarantine_seconds: float | None = None
     memory_age_seconds: float | None = None
+    conversations_idle_seconds: float | None = None
 
     @classmethod
     def parse(cls, text: str) -> RetentionPolicy:
@@ -65,6 +71,8 @@ class RetentionPolicy:
                 policy = replace(policy, quarantine_seconds=_duration(item, value))
             elif name == "memory-age" and sep:
                 policy = replace(policy, memory_age_seconds=_duration(item, value))
+            elif name == "conversations-idle" and sep:
+                policy = replace(policy, conversations_idle_seconds=_duration(item, value))
             elif name == "runs-keep" and sep:
                 if not value.isdigit() or int(value) < 1:
                     raise ValueError(f"{item!r}: runs-keep needs a whole number >= 1")
@@ -72,7 +80,8 @@ class RetentionPolicy:
             else:
                 raise ValueError(
                     f"unknown retention item {item!r}; expected sessions-idle=DURATION, "
-                    "include-latched, runs-keep=N, quarantine=DURATION or memory-age=DURATION"
+                    "include-latched, runs-keep=N, quarantine=DURATION, memory-age=DURATION "
+                    "or conversations-idle=DURATION"
                 )
         if policy.include_latched and policy.sessions_idle_seconds is None:
             raise ValueError("include-latched needs sessions-idle=DURATION")
@@ -92,6 +101,9 @@ class RetentionPolicy:
             other.memory_age_seconds
             if other.memory_age_seconds is not None
             else self.memory_age_seconds,
+            other.conversations_idle_seconds
+            if other.conversations_idle_seconds is not None
+            else self.conversations_idle_seconds,
         )
 
     @property
@@ -101,6 +113,7 @@ class RetentionPolicy:
             and self.runs_keep is None
             and self.quarantine_seconds is None
             and self.memory_age_seconds is None
+            and self.conversations_idle_seconds is None
         )
 
 
@@ -112,6 +125,7 @@ class RetentionReport:
     runs: RunRetention | None = None
     quarantined: tuple[str, ...] | None = None
     memory: MemoryRetention | None = None
+    conversations: ConversationPurge | None = None
 
 
 async def apply_retention(
@@ -121,6 +135,7 @@ async def apply_retention(
     sessions: SessionStore | None = None,
     checkpointer: Checkpointer | None = None,
     memory: KVMemoryStore | None = None,
+    conversations: KVConversationStore | None = None,
 ) -> RetentionReport:
     """Apply each part of ``policy`` to the store it concerns (``ValueError`` if one is missing)."""
     report = RetentionReport()
@@ -137,6 +152,11 @@ async def apply_retention(
         if memory is None:
             raise ValueError("the policy deletes old memory files: pass memory=")
         report = replace(report, memory=await memory.purge_older_than(policy.memory_age_seconds))
+    if policy.conversations_idle_seconds is not None:
+        if conversations is None:
+            raise ValueError("the policy deletes idle conversations: pass conversations=")
+        purged = await conversations.purge_idle(policy.conversations_idle_seconds)
+        report = replace(report, conversations=purged)
     if policy.sessions_idle_seconds is not None:
         if sessions is None:
             raise ValueError("the policy deletes idle sessions: pass sessions=")

@@ -69,6 +69,12 @@ async def setup(url: str | None) -> None:
     show_default=True,
     help="Of the memory store.",
 )
+@click.option(
+    "--conversations-idle-days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Retention: delete Pydantic AI conversations not saved for this many days.",
+)
 @click.option("--scope-prefix", default="session:", show_default=True, help="Of the sessions.")
 @click.option("--session-prefix", default="", help="Only session ids starting with this.")
 @run_async
@@ -82,6 +88,7 @@ async def purge(
     memory_age_days: float | None,
     memory_prefix: str,
     memory_scope_prefix: str,
+    conversations_idle_days: float | None,
     scope_prefix: str,
     session_prefix: str,
 ) -> None:
@@ -91,7 +98,8 @@ async def purge(
     sessions-idle=DURATION (sessions no turn used for that long; add include-latched for
     those waiting for recovery), runs-keep=N (runs of each conversation past its N most
     recent), quarantine=DURATION (quarantined copies older than that), memory-age=DURATION
-    (memory files not written for that long). The --*-days and --runs-keep options set the
+    (memory files not written for that long), conversations-idle=DURATION (Pydantic AI
+    conversations not saved for that long). The --*-days and --runs-keep options set the
     same items. Each part reports what it deleted; run it
     again after an interruption.
     """
@@ -103,6 +111,7 @@ async def purge(
             runs_keep,
             None if quarantine_days is None else quarantine_days * 86_400,
             None if memory_age_days is None else memory_age_days * 86_400,
+            None if conversations_idle_days is None else conversations_idle_days * 86_400,
         ),
     )
     if policy.memory_age_seconds is None and memory_prefix:
@@ -137,6 +146,15 @@ async def purge(
             f"deleted {len(aged.removed)} of {aged.scanned} memory files not written for "
             f"{_days(policy.memory_age_seconds)}"
             + (f" (kept {aged.undated} with no write time)" if aged.undated else "")
+        )
+    if policy.conversations_idle_seconds is not None:
+        from ..connection import open_conversations
+
+        async with open_conversations(target) as conversations:
+            idle = await conversations.purge_idle(policy.conversations_idle_seconds)
+        click.echo(
+            f"deleted {len(idle.removed)} of {idle.scanned} conversations not saved for "
+            f"{_days(policy.conversations_idle_seconds)}"
         )
     if policy.sessions_idle_seconds is None:
         return

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from pydantic_ai.conversation import Conversation
@@ -94,6 +95,13 @@ class ScopeErasure(NamedTuple):
     records_left: int
     kept_for_forks: int
     """Entry segments kept because a conversation of another scope forked from them."""
+
+
+class ConversationPurge(NamedTuple):
+    """What :meth:`KVConversationStore.purge_idle` examined and deleted."""
+
+    scanned: int
+    removed: tuple[str, ...]
 
 
 class KVConversationStore(KVBackedStore, ConversationStore):
@@ -283,6 +291,26 @@ class KVConversationStore(KVBackedStore, ConversationStore):
             records_left=sum(key.startswith("r/") for key in left),
             kept_for_forks=sum(key.startswith("e/") for key in left),
         )
+
+    async def purge_idle(self, seconds: float) -> ConversationPurge:
+        """Delete the conversations not saved for ``seconds`` (retention, ``conversations-idle``).
+
+        A conversation saved meanwhile is kept: each delete is checked against the revision
+        that was judged idle. Run it again after an interruption.
+        """
+        # Pydantic AI stamps ``updated_at`` from the wall clock, so the horizon is too.
+        horizon = datetime.now(UTC) - timedelta(seconds=seconds)
+        records = await self.read_records()
+        removed: list[str] = []
+        for record in records:
+            if record.updated_at >= horizon:
+                continue
+            try:
+                await self.delete_record(record.conversation_id, expected_revision=record.revision)
+            except ConversationConflict:
+                continue  # saved or deleted since it was listed
+            removed.append(record.conversation_id)
+        return ConversationPurge(scanned=len(records), removed=tuple(removed))
 
     # -- entries ---------------------------------------------------------------------------
 
