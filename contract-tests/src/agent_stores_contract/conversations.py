@@ -324,6 +324,7 @@ class ConversationContract(ContractBase):
         assert await store.read_record(missing) is None
         await store.delete(missing)
         assert await store.list_conversations(scope=conversations.scope("none")) == []
+        assert await is_released(store, "no-such-entry"), "read_entry of an unknown id"
 
     async def test_save_then_load_round_trips_the_whole_conversation(
         self, conversations: ConversationTarget
@@ -1144,6 +1145,93 @@ class ConversationContract(ContractBase):
                 assert [e.id for e in entries] == source[: line["at"]]
         # The delete ran after every save it raced (it retries on a new revision): gone.
         assert await store.load(cid) is None
+
+    # -- agent-stores' own rules (beyond Pydantic AI's ABC) --------------------------------
+
+    async def test_agent_stores_undecodable_record_is_a_typed_error(
+        self, conversations: ConversationTarget
+    ) -> None:
+        """agent-stores only (the ABC defines no damage): a record that does not decode makes load, load_entries and save raise a CorruptRecordError naming the conversation, is never overwritten, and hides no other conversation of its scope from the list."""
+        await self._damaged(conversations, lambda raw, other: b"\x00 not a record {")
+
+    async def test_agent_stores_record_of_another_conversation_is_a_typed_error(
+        self, conversations: ConversationTarget
+    ) -> None:
+        """agent-stores only: a record stored under one conversation id that is another conversation's (copied over it) is a CorruptRecordError naming the conversation asked for, never that other conversation's history; nothing is overwritten."""
+        await self._damaged(conversations, lambda raw, other: other)
+
+    async def test_agent_stores_record_of_a_newer_format_is_refused(
+        self, conversations: ConversationTarget
+    ) -> None:
+        """agent-stores only: a record written in a newer format than this code reads is a CorruptRecordError naming the conversation and the format, never read as if it were the current one; nothing is overwritten."""
+
+        def newer(raw: bytes, other: bytes) -> bytes:
+            body = json.loads(raw)
+            body["f"] = int(body["f"]) + 1
+            return json.dumps(body).encode()
+
+        await self._damaged(conversations, newer)
+
+    async def _damaged(self, conversations: ConversationTarget, damage: Any) -> None:
+        """Damage a conversation's stored record with ``damage(raw, other_raw)`` (through the
+        documented layout, agent_stores/conversations/layout.py) and check what each call does."""
+        from agent_stores import CorruptRecordError
+
+        kv, scope_of, key_of = require_agent_stores_layout(conversations)
+        store = conversations.store
+        scope = conversations.scope("damaged")
+        cid, other = conversations.cid("damaged"), conversations.cid("intact")
+        await saved(store, cid, turns("mine"), scope=scope)
+        await saved(store, other, turns("theirs"), scope=scope)
+        entry = await kv.get(scope_of(scope), key_of(cid))
+        theirs = await kv.get(scope_of(scope), key_of(other))
+        assert entry is not None and theirs is not None, "record not where the layout says"
+        version = await kv.replace(
+            scope_of(scope),
+            key_of(cid),
+            damage(entry.value, theirs.value),
+            expected_version=entry.version,
+        )
+        try:
+            for call in (
+                lambda: store.load(cid),
+                lambda: store.load_entries(cid),
+                lambda: store.save(Conversation(conversation_id=cid, messages=turns("over"))),
+            ):
+                with pytest.raises((CorruptRecordError, ConversationConflict)) as caught:
+                    await call()
+                if isinstance(caught.value, CorruptRecordError):
+                    assert cid in str(caught.value), caught.value
+            with pytest.raises(CorruptRecordError) as caught:
+                await store.load(cid)
+            assert cid in str(caught.value)
+            after = await kv.get(scope_of(scope), key_of(cid))
+            assert after is not None and after.version == version, (
+                "the damaged record was overwritten"
+            )
+            assert [r.conversation_id for r in await store.list_conversations(scope=scope)] == [
+                other
+            ]
+            intact = await store.load(other)
+            assert intact is not None and texts(intact.messages) == ["q:theirs", "a:theirs"]
+        finally:
+            # Put it back, so the test's cleanup deletes it as any other.
+            await kv.replace(scope_of(scope), key_of(cid), entry.value, expected_version=version)
+
+
+def require_agent_stores_layout(target: ConversationTarget) -> tuple[Any, Any, Any]:
+    """``(kv, owner scope of a scope, record key of a conversation id)`` of one of our stores;
+    skips the calling test (a declared capability) for any other store."""
+    if not target.ours:
+        pytest.skip(
+            f"{CAPABILITY_SKIP} agent_stores_store=False ({type(target.store).__name__}): a rule "
+            "agent-stores adds to Pydantic AI's ConversationStore, checked on its own stores only"
+        )
+    from agent_stores.conversations.layout import kv_name
+
+    store: Any = target.store
+    layout = store.layout
+    return store.kv, layout.owner_scope, lambda cid: layout.record_key(kv_name(cid))
 
 
 def assert_accumulated(conversation: Conversation, *, runs: int) -> None:
