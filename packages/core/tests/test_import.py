@@ -309,3 +309,29 @@ def test_cli_imports_harness_sqlite_memory_and_steps(tmp_path: Path) -> None:
     runs = runner.invoke(cli, ["import", "harness-steps", f"sqlite:///{steps_db}", dst])
     assert runs.exit_code == 0 and "1 imported" in runs.output, runs.output
     asyncio.run(check_imported_run(SqliteStepStore(database=steps_db), dst, expected))
+
+
+async def test_a_file_the_source_reads_cut_short_is_not_imported(tmp_path: Path) -> None:
+    """A source whose longest read still says ``truncated`` is reported as failed and
+    nothing of it is written (never a file cut short), while the other files import."""
+    from agent_stores.importers import memory as importer
+    from pydantic_ai_harness.memory import InMemoryMemoryStore
+
+    source = InMemoryMemoryStore()
+    await source.write("u/short.md", "short", expected_version=None)
+    await source.write("u/long.md", "x" * 50, expected_version=None)
+    real_read = source.read
+
+    async def read(path: str, *, max_chars: int) -> Any:
+        assert max_chars == importer._MAX_CHARS
+        # A file longer than the importer's bound, as the source reports it.
+        return await real_read(path, max_chars=10 if path == "u/long.md" else max_chars)
+
+    source.read = read  # type: ignore[method-assign]
+    async with connect(f"sqlite:///{tmp_path}/ours.db") as conn:
+        report = await import_memory(source, conn.memory())
+        assert report.imported == 1
+        assert report.failed == [
+            f"u/long.md: longer than {importer._MAX_CHARS:,} characters; not imported"
+        ]
+        assert await conn.memory().list_paths("", limit=10) == ["u/short.md"]

@@ -28,7 +28,12 @@ from .report import ImportReport
 FingerprintLookup = Callable[[str], Awaitable[str | None]]
 
 _ALL = 10_000_000
-_MAX_CHARS = 2**31 - 1
+#: The longest file imported, in characters: the largest ``max_chars`` every source reads
+#: whole. pydantic-ai-harness 0.75's ``SqliteMemoryStore`` reads ``substr(content, 1,
+#: 4 * (max_chars + 1))`` bytes, and SQLite returns an empty string for a length of 2**31
+#: or more, so a larger bound (this was 2**31 - 1) read every file as empty. A longer file
+#: is reported as failed, never imported cut short.
+_MAX_CHARS = (2**31 - 1) // 4 - 1
 
 
 async def import_memory(
@@ -74,6 +79,9 @@ async def _import_file(
     found = await source.read(path, max_chars=_MAX_CHARS)
     if found is None:
         return 0  # deleted while listing
+    if found.truncated:
+        report.failed.append(f"{path}: longer than {_MAX_CHARS:,} characters; not imported")
+        return 0
     metadata = dict(found.metadata or {}) or None
     current = await target.read(path, max_chars=_MAX_CHARS)
     if (
