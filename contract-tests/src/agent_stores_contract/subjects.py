@@ -150,6 +150,38 @@ class SubjectBehaviours(ContractBase):
         for who in ("alice", "bob"):
             await kv.drop_scope(SubjectIndex(kv).scope_for(f"{ns}-{who}"))
 
+    async def _assert_erased(
+        self, stores: Stores, ns: str, alice_scopes: list[str], memory_root: str
+    ) -> None:
+        """Nothing of alice is left: her scopes are empty, her memory namespace is gone
+        from the root (bob's is there), her receipts and subject entries too."""
+        kv = stores.kv
+        for scope in alice_scopes:
+            assert await raw_entries(stores.sessions, scope) == {}, scope
+        assert await stores.memory.list_paths(f"{ns}-alice/", limit=10) == []
+        root = await raw_entries(stores.sessions, memory_root)
+        assert f"{ns}-alice/" not in root and f"{ns}-bob/" in root
+        op = MemoryOperation(id=f"{ns}-alice-op", fingerprint="f")
+        assert await stores.memory.get_operation(op) is None
+        assert await SubjectIndex(kv).left(f"{ns}-alice") == 0
+
+    async def _assert_untouched(
+        self,
+        stores: Stores,
+        ns: str,
+        bob_runs: list[str],
+        bob_scopes: list[str],
+        before: dict[str, dict[str, tuple[bytes, str]]],
+    ) -> None:
+        """Everything of bob is as it was: his runs are the ones listed, every entry of
+        his scopes has the value and version it had, his receipt is there."""
+        listed = await stores.checkpointer.list_runs(limit=100)
+        assert {info.run_id for info in listed} == set(bob_runs)
+        for scope in bob_scopes:
+            assert await raw_entries(stores.sessions, scope) == before[scope], scope
+        bob_op = MemoryOperation(id=f"{ns}-bob-op", fingerprint="f")
+        assert await stores.memory.get_operation(bob_op) is not None
+
     async def test_erase_subject_removes_everything_of_the_subject_and_nothing_else(
         self, sessions_factory: SessionsFactory, ns: str
     ) -> None:
@@ -179,22 +211,11 @@ class SubjectBehaviours(ContractBase):
             assert report.namespaces == (f"{memory_prefix(ns)}{ns}-alice/",)
             assert sorted(report.runs) == sorted(alice_runs)
             assert report.quarantined >= 1
-            for scope in alice_scopes:
-                assert await raw_entries(stores.sessions, scope) == {}, scope
-            assert await stores.memory.list_paths(f"{ns}-alice/", limit=10) == []
-            root = await raw_entries(stores.sessions, memory_root)
-            assert f"{ns}-alice/" not in root and f"{ns}-bob/" in root
-            op = MemoryOperation(id=f"{ns}-alice-op", fingerprint="f")
-            assert await stores.memory.get_operation(op) is None
-            assert await SubjectIndex(kv).left(f"{ns}-alice") == 0
-            listed = await stores.checkpointer.list_runs(limit=100)
-            assert {info.run_id for info in listed} == set(bob_runs)
+            # What the erase must have removed, then what it must have left as it was.
+            await self._assert_erased(stores, ns, alice_scopes, memory_root)
             quarantined = await raw_entries(stores.sessions, QUARANTINE_SCOPE)
             assert alice_copy not in quarantined and bob_copy in quarantined
-            for scope in bob_scopes:
-                assert await raw_entries(stores.sessions, scope) == before[scope], scope
-            bob_op = MemoryOperation(id=f"{ns}-bob-op", fingerprint="f")
-            assert await stores.memory.get_operation(bob_op) is not None
+            await self._assert_untouched(stores, ns, bob_runs, bob_scopes, before)
 
             again = await stores.erase(f"{ns}-alice")
             assert again.complete and again.sessions == () and again.runs == ()

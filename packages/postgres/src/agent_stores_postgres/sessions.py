@@ -40,6 +40,7 @@ the stored bytes for a save).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, LiteralString
 
 import psycopg
@@ -287,6 +288,46 @@ SELECT (SELECT count(*) FROM st), (SELECT count(*) FROM ch)
 )
 
 
+def _acquire_params(
+    request: AcquireRequest,
+    warm: bytes | None,
+    fresh: bytes,
+    version: str,
+    expires_at: float | None,
+    max_bytes: int,
+) -> dict[str, Any]:
+    """The parameters of the acquire statement (:data:`_ACQUIRE`) for ``request``."""
+    middle, end = _acquired_header_around_fence(request.owner, request.lease_end, request.now)
+    return {
+        "scope": request.scope,
+        "state": STATE_KEY,
+        "waiter": WAITER_KEY,
+        "now": request.now,
+        "owner": request.owner,
+        "store_id": request.store_id,
+        "store_id_b": request.store_id.encode(),
+        "courtesy": request.courtesy_seconds,
+        "horizon": request.refresh_horizon,
+        "format": FORMAT,
+        "lease_end": request.lease_end,
+        "version": version,
+        "expires_at": expires_at,
+        "fresh": fresh,
+        "load": request.load_history,
+        # A JSON array, not a text[]: psycopg dumps a list item by item in Python.
+        "cached": json.dumps(sorted(request.held_chunks)),
+        "start": HEADER_START,
+        "start_len": len(HEADER_START),
+        "kept": KEPT_FIELDS,
+        "middle": middle,
+        "end": end,
+        "fixed_len": len(middle) + len(end),
+        "max_bytes": max_bytes,
+        "known": None if warm is None or request.known is None else request.known.version,
+        "warm": warm,
+    }
+
+
 class PostgresSessionPort:
     """:class:`~agent_stores.sessions.SessionPort` on :class:`PostgresKV`: one statement per step."""
 
@@ -330,35 +371,9 @@ class PostgresSessionPort:
         fresh = request.fresh_state()
         if len(fresh) > kv.limits.max_value_bytes:
             return GENERIC  # the generic create refuses it (an owner id of many kilobytes)
-        middle, end = _acquired_header_around_fence(request.owner, request.lease_end, now)
-        params: dict[str, Any] = {
-            "scope": scope,
-            "state": STATE_KEY,
-            "waiter": WAITER_KEY,
-            "now": now,
-            "owner": request.owner,
-            "store_id": request.store_id,
-            "store_id_b": request.store_id.encode(),
-            "courtesy": request.courtesy_seconds,
-            "horizon": request.refresh_horizon,
-            "format": FORMAT,
-            "lease_end": request.lease_end,
-            "version": version,
-            "expires_at": expires_at,
-            "fresh": fresh,
-            "load": request.load_history,
-            # A JSON array, not a text[]: psycopg dumps a list item by item in Python.
-            "cached": json.dumps(sorted(request.held_chunks)),
-            "start": HEADER_START,
-            "start_len": len(HEADER_START),
-            "kept": KEPT_FIELDS,
-            "middle": middle,
-            "end": end,
-            "fixed_len": len(middle) + len(end),
-            "max_bytes": kv.limits.max_value_bytes,
-            "known": None if warm is None or request.known is None else request.known.version,
-            "warm": warm,
-        }
+        params = _acquire_params(
+            request, warm, fresh, version, expires_at, kv.limits.max_value_bytes
+        )
 
         async def run(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]] | None:
             try:
@@ -368,7 +383,15 @@ class PostgresSessionPort:
             return await cur.fetchall()
 
         rows = await kv.run_native_write("session acquire", run)
-        state = next((r for r in rows or () if r[0] == "state"), None)
+        return self._acquire_reply(scope, rows or [], warm, version)
+
+    def _acquire_reply(
+        self, scope: str, rows: Sequence[tuple[Any, ...]], warm: bytes | None, version: str
+    ) -> AcquireReply:
+        """What the acquire statement's rows (its decision in the ``state`` row, the parts
+        not held in ``chunk`` rows) answer; :data:`GENERIC` for what only the generic
+        acquire decides or reports."""
+        state = next((r for r in rows if r[0] == "state"), None)
         if state is None:
             return GENERIC
         _, decision, _, value, lease_expires_at, holder, waiter, retry_after = state
@@ -388,7 +411,7 @@ class PostgresSessionPort:
             # Lost a race for an absent session (or the row changed under the lock): the
             # winner holds it, so wait as for any busy session (the hint goes out at once).
             return AcquireReply("busy")
-        parts = {r[2]: bytes(r[3]) for r in rows or () if r[0] == "chunk"}
+        parts = {r[2]: bytes(r[3]) for r in rows if r[0] == "chunk"}
         return AcquireReply("acquired", version=version, state=bytes(value), parts=parts)
 
     async def _acquire_warm(
