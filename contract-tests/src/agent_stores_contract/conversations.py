@@ -266,10 +266,8 @@ class ConversationContract(ContractBase):
             CONVERSATION_STORE_ENV
         )
         if spec:
-            factory = load_factory(spec)
             # A worker process calls the same factory.
-            setattr_safely(factory, "contract_worker_target", f"factory={spec}")
-            return factory
+            return NamedFactory(load_factory(spec), worker_target=f"factory={spec}")
         url = request.getfixturevalue("store_url")
         if "backend_ready" in request.fixturenames or hasattr(self, "backend_ready"):
             request.getfixturevalue("backend_ready")
@@ -282,10 +280,7 @@ class ConversationContract(ContractBase):
                 f"{CAPABILITY_SKIP} open_conversations=False (agent_stores): this agent-stores "
                 "has no agent_stores.open_conversations yet"
             )
-        factory = url_factory(url)
-        factory.contract_worker_target = f"url={url}"  # type: ignore[attr-defined]
-        factory.contract_store_url = url  # type: ignore[attr-defined]
-        return factory
+        return NamedFactory(url_factory(url), worker_target=f"url={url}", store_url=url)
 
     @pytest.fixture
     def ns(self) -> str:
@@ -1245,11 +1240,22 @@ def assert_accumulated(conversation: Conversation, *, runs: int) -> None:
     assert conversation.deferred_tool_requests is None
 
 
-def setattr_safely(target: Any, name: str, value: Any) -> None:
-    try:
-        setattr(target, name, value)
-    except (AttributeError, TypeError):
-        pass
+class NamedFactory:
+    """A store factory that knows how a worker process opens the same store (and, for our
+    stores, the URL); anything else is the wrapped factory's (``shared_across_processes``)."""
+
+    def __init__(
+        self, inner: StoreFactory, *, worker_target: str, store_url: str | None = None
+    ) -> None:
+        self.inner = inner
+        self.contract_worker_target = worker_target
+        self.contract_store_url = store_url
+
+    def __call__(self) -> Any:
+        return self.inner()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def worker_target_of(factory: StoreFactory) -> str | None:
