@@ -317,3 +317,65 @@ async def test_retention_deletes_conversations_not_saved_for_the_duration(
     assert purged.conversations.removed == ("old",) and purged.conversations.scanned == 2
     assert await _twin(counted).load("old") is None
     assert await _twin(counted).load("recent") is not None
+
+
+async def test_copy_carries_conversations_and_recuts_large_segments(tmp_path: Path) -> None:
+    from agent_stores.transfer import Transfer
+
+    big = [ModelRequest(parts=[UserPromptPart("z" * 30_000)]), *_turns(10)]
+    async with (
+        agent_stores.open_kv(f"sqlite:///{tmp_path / 'src.db'}") as src,
+        agent_stores.open_kv(f"sqlite:///{tmp_path / 'dst.db'}?max_value_bytes=8192") as dst,
+    ):
+        source = KVConversationStore(src)
+        await source.save(Conversation(conversation_id="big", messages=big), scope="u")
+        await source.fork("big", at=5, new_conversation_id="fork", scope="v")
+        transfer = Transfer(src, dst, kinds=["conversations"])
+        report = await transfer.copy()
+        assert report.ok, report
+        assert (await transfer.verify()).ok
+        copied = KVConversationStore(dst)
+        loaded = await copied.load("big", scope="u")
+        assert loaded is not None and loaded.messages == big
+        fork = await copied.load("fork")
+        assert fork is not None and fork.messages == big[:5]
+        assert [r.conversation_id for r in await copied.list_conversations(scope="u")] == ["big"]
+
+
+async def test_conversations_of_another_store_are_copied_in_whole(tmp_path: Path) -> None:
+    from pydantic_ai.conversation_store import InMemoryConversationStore
+
+    from agent_stores.conversations.copy_in import copy_conversations
+
+    theirs = InMemoryConversationStore()
+    await theirs.save(Conversation(conversation_id="a", messages=_turns(6)), scope="u")
+    loaded = await theirs.load("a")
+    assert loaded is not None
+    await theirs.save(await AGENT.run("next", conversation=loaded))
+    await theirs.update("a", title="A", metadata={"model": "m"})
+    loaded = await theirs.load("a")
+    assert loaded is not None
+    branched = await theirs.branch("a", at=2, expected_revision=loaded.revision)
+    await theirs.save(await AGENT.run("other", conversation=branched))
+    await theirs.fork("a", at=4, new_conversation_id="a-fork", scope="w")
+    async with agent_stores.open_conversations(f"sqlite:///{tmp_path / 'in.db'}") as ours:
+        report = await copy_conversations(theirs, ours)
+        assert report.ok and sorted(report.copied) == ["a", "a-fork"]
+        again = await copy_conversations(theirs, ours)
+        assert again.copied == [] and sorted(again.present) == ["a", "a-fork"]
+        fresh = _twin(ours)
+        for conversation_id in ("a", "a-fork"):
+            mine = await fresh.read_record(conversation_id)
+            original = await theirs.read_record(conversation_id)
+            assert mine == original  # revision, usage, scope, title, branches, times
+            assert await fresh.load_entries(conversation_id) == await theirs.load_entries(
+                conversation_id
+            )
+        record = await fresh.read_record("a")
+        assert record is not None and record.branches
+        assert await fresh.read_history(record.branches[0]) == await theirs.read_history(
+            record.branches[0]
+        )
+        # The fork's entries were written once, as its source's.
+        fork_owner = fresh.layout.owner_scope("w")
+        assert [i.key async for i in fresh.kv.iter_scan(fork_owner, prefix="e/")] == []

@@ -186,3 +186,53 @@ async def cortex_redis(
     finally:
         await client.aclose()
     _echo(report, redact)
+
+
+@import_.command("conversations", short_help="Conversations of any Pydantic AI ConversationStore.")
+@click.argument("source", metavar="MODULE:FACTORY")
+@click.argument("dst", metavar="DST_URL")
+@run_async
+async def conversations(source: str, dst: str) -> None:
+    """Every conversation of the ConversationStore that MODULE:FACTORY makes (a store, a
+    function returning one, or an async context manager giving one) copied into the
+    conversation store at DST_URL, with its revision, entry ids, branches and forks;
+    conversations already there are left as they are (run it again to finish)."""
+    import contextlib
+    import importlib
+    import inspect
+
+    from pydantic_ai.conversation_store import ConversationStore
+
+    from ..connection import open_conversations
+    from ..conversations.copy_in import copy_conversations
+
+    module_name, _, attribute = source.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter("expected module:attribute", param_hint="MODULE:FACTORY")
+    try:
+        made: Any = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"{source}: {exc}", param_hint="MODULE:FACTORY") from None
+    redact = Redactor([dst])
+    async with contextlib.AsyncExitStack() as stack:
+        if callable(made) and not isinstance(made, ConversationStore):
+            made = made()
+        if inspect.isawaitable(made):
+            made = await made
+        if hasattr(made, "__aenter__") and not isinstance(made, ConversationStore):
+            made = await stack.enter_async_context(made)
+        if not isinstance(made, ConversationStore):
+            raise click.BadParameter(
+                f"{source} gave {type(made).__name__}, not a ConversationStore",
+                param_hint="MODULE:FACTORY",
+            )
+        target = await stack.enter_async_context(open_conversations(dst))
+        report = await copy_conversations(made, target)
+    click.echo(
+        f"copied {len(report.copied)} conversations ({report.entries} entries); "
+        f"{len(report.present)} already there"
+    )
+    for conversation_id, reason in report.failed:
+        click.echo(redact(f"not copied: {conversation_id!r}: {reason}"))
+    if not report.ok:
+        raise SystemExit(1)

@@ -1,7 +1,8 @@
-"""Copy sessions, memory and runs between two backends, record by record.
+"""Copy sessions, memory, runs and conversations between two backends, record by record.
 
 The unit of copying is a KV *scope*: one session, one memory directory, one run (plus the
-run listing and lineage indexes). Every store keeps all the records of such a unit in its
+run listing and lineage indexes), one owner scope of Pydantic AI conversations (then the
+conversations' pointers). Every store keeps all the records of such a unit in its
 scope and builds them only on the public :class:`~agent_stores.kv.KVStore` contract, so
 copying the entries of a scope through that contract (``scan`` on the source,
 ``create`` / ``replace`` on the destination) carries everything a store wrote, byte for
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from ..sessions import SessionStore
 
 #: The kinds of data, in the order they are copied.
-KINDS: tuple[str, ...] = ("sessions", "memory", "runs")
+KINDS: tuple[str, ...] = ("sessions", "memory", "runs", "conversations")
 
 #: Expiries closer than this count as equal (backends keep them at different precisions).
 EXPIRY_TOLERANCE = 1.0
@@ -74,6 +75,8 @@ class Layout:
     runs_namespace: str = "cp"
     #: the owners' session indexes (copied with the sessions, after them)
     session_owners: str = "session-owner:"
+    #: Pydantic AI conversations (``open_conversations``): owner scopes, then pointers
+    conversations: str = "conversation:"
 
     def prefix(self, kind: str) -> str:
         if kind == "sessions":
@@ -82,6 +85,8 @@ class Layout:
             return self.memory
         if kind == "runs":
             return f"{self.runs_namespace}/"
+        if kind == "conversations":
+            return self.conversations
         raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 

@@ -155,6 +155,8 @@ def fit(
         fitter.memory(now, existing or {})
     elif kind == "runs":
         fitter.runs()
+    elif kind == "conversations":
+        fitter.conversations()
     fitter.flag_rest()
     return Fitted(fitter.out, rechunked=True, too_large=fitter.too_large)
 
@@ -171,7 +173,24 @@ def content_view(kind: str, entries: dict[str, Entry]) -> dict[str, Entry]:
         return _memory_view(entries)
     if kind == "runs":
         return _run_view(entries)
+    if kind == "conversations":
+        return _conversation_view(entries)
     return dict(entries)
+
+
+def _conversation_view(entries: dict[str, Entry]) -> dict[str, Entry]:
+    """Each entry segment as its joined bytes under its base key; the rest as it is."""
+    from ..conversations.layout import PART_MARK, joined_segments
+
+    segments = sorted(key for key in entries if key.startswith("e/"))
+    view = {k: e for k, e in entries.items() if not k.startswith("e/")}
+    joined = dict(joined_segments([(key, entries[key].value) for key in segments]))
+    for key in segments:
+        if PART_MARK in key.rsplit("/", 1)[-1] and key.split(PART_MARK)[0] in joined:
+            continue  # a part, folded into its segment
+        entry = entries[key]
+        view[key] = Entry(joined.get(key, entry.value), entry.version, entry.expires_at)
+    return view
 
 
 # -- shared -------------------------------------------------------------------------------
@@ -276,6 +295,25 @@ class _Fitter:
         for key in keys:
             self.out.pop(key, None)
             self.handled.add(key)
+
+    def conversations(self) -> None:
+        """Pydantic AI conversations: an entry segment is cut again into parts of this size
+        (its base key's ``P<count>`` header and ``~NNNN`` parts, ``conversations.layout``);
+        records, pins and pointers are small and copied as they are."""
+        from ..conversations.layout import PART_MARK, joined_segments, part_key, split_parts
+
+        segments = sorted(key for key in self.source if key.startswith("e/"))
+        items = [(key, self.source[key].value) for key in segments]
+        for base, value in joined_segments(items):
+            parts = [k for k in segments if k.startswith(base + PART_MARK)]
+            if not any(self.big(k) for k in [base, *parts]):
+                continue
+            expires = _latest(self.source[k].expires_at for k in [base, *parts])
+            self.drop([base, *parts])
+            values = split_parts(value, self.limit)
+            self.put(base, values[0], expires)
+            for index, part in enumerate(values[1:], 1):
+                self.put(part_key(base, index), part, expires)
 
     def oversized_groups(self, groups: dict[str, list[str]]) -> dict[str, list[str]]:
         return {g: keys for g, keys in groups.items() if any(self.big(k) for k in keys)}
