@@ -13,6 +13,7 @@ stores").
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from agent_stores_contract.broken_conversation_stores import BROKEN
@@ -100,3 +101,58 @@ def skipped_for_a_third_party() -> list[str]:
         for name in standard_tests(ConversationContract)
         if "process" in name or name.startswith("test_agent_stores_")
     ]
+
+
+FACTORIES = """
+import os
+
+import agent_stores
+from pydantic_ai.conversation_store import InMemoryConversationStore
+
+
+def shared():
+    # An async context manager yielding the store, shared by every process.
+    return agent_stores.open_conversations(os.environ["CONVERSATION_FACTORY_URL"])
+
+
+shared.shared_across_processes = True
+
+
+async def awaited():
+    return InMemoryConversationStore()
+"""
+
+
+def test_every_factory_shape_and_a_shared_store_across_processes(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A factory returning an async context manager whose store declares itself shared runs
+    the tests across processes too (the worker imports and calls the same factory: the
+    docstring example resumed in another process); an ``async def`` factory works as well."""
+    pytester.makepyfile(conversation_factories=FACTORIES)
+    monkeypatch.setenv("CONVERSATION_FACTORY_URL", f"sqlite:///{tmp_path / 'shared.db'}")
+    base = [
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--pyargs",
+        "agent_stores_contract.suite.test_conversations",
+    ]
+    shared = pytester.runpytest_subprocess(
+        *base,
+        "--conversation-store",
+        "conversation_factories:shared",
+        "-k",
+        "resumed_in_another_process",
+        timeout=1800,
+    )
+    shared.assert_outcomes(passed=1)
+    awaited = pytester.runpytest_subprocess(
+        *base,
+        "--conversation-store",
+        "conversation_factories:awaited",
+        "-k",
+        "round_trips",
+        timeout=600,
+    )
+    awaited.assert_outcomes(passed=1)
