@@ -343,9 +343,8 @@ async def test_copy_carries_conversations_and_recuts_large_segments(tmp_path: Pa
 
 
 async def test_conversations_of_another_store_are_copied_in_whole(tmp_path: Path) -> None:
-    from pydantic_ai.conversation_store import InMemoryConversationStore
-
     from agent_stores.conversations.copy_in import copy_conversations
+    from pydantic_ai.conversation_store import InMemoryConversationStore
 
     theirs = InMemoryConversationStore()
     await theirs.save(Conversation(conversation_id="a", messages=_turns(6)), scope="u")

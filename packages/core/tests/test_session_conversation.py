@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import agent_stores
 import pytest
+from agent_stores.sessions import SessionStore
+from agent_stores.sessions.errors import InvalidSessionError
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
@@ -18,10 +21,6 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
-
-import agent_stores
-from agent_stores.sessions import SessionStore
-from agent_stores.sessions.errors import InvalidSessionError
 
 
 def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

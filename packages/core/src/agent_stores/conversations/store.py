@@ -187,6 +187,10 @@ class KVConversationStore(KVBackedStore, ConversationStore):
         try:
             body = json.loads(raw)
             conversation_id = str(body["id"])
+            if self.layout.record_key(kv_name(conversation_id)) != key:
+                raise ConversationDamagedError(
+                    key[len("r/") :], f"its record names conversation {conversation_id!r}"
+                )
             return decode_record(conversation_id, raw).record
         except (ValueError, KeyError, TypeError, ConversationDamagedError) as exc:
             # One damaged record must not hide the others; doctor reports and quarantines it.
