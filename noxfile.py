@@ -337,10 +337,12 @@ def _fresh_url(url: str, index: int) -> str:
     parts = urllib.parse.urlsplit(url)
     fresh = f"alone-{index}-{uuid.uuid4().hex[:8]}"
     if parts.scheme == "sqlite" and parts.path.endswith(".db"):
-        return urllib.parse.urlunsplit(parts._replace(path=f"{parts.path[:-3]}-{fresh}.db"))
+        # Text replaced, not unsplit: urlunsplit would read ``sqlite:////tmp`` as host tmp.
+        return url.replace(parts.path, f"{parts.path[:-3]}-{fresh}.db", 1)
     if parts.scheme == "dynamodb" and parts.hostname:
         netloc = parts.netloc.rsplit("@", 1)
-        netloc[-1] = netloc[-1].replace(parts.hostname, f"agent-stores-{fresh}", 1)
+        _, colon, port = netloc[-1].partition(":")
+        netloc[-1] = f"agent-stores-{fresh}{colon}{port}"
         return urllib.parse.urlunsplit(parts._replace(netloc="@".join(netloc)))
     if parts.scheme == "cosmos" and parts.path.count("/") == 2:
         return urllib.parse.urlunsplit(parts._replace(path=f"/db-{fresh}/c-{fresh}"))
@@ -370,7 +372,7 @@ def _run_contract_alone(
         session.log(
             f"sampled alone on {label}: {len(ids)} of {len(collected)} tests drawn by seed "
             f"{order.seed}; repeat with: uv run nox -s contract -- {order.targets} "
-            f"--alone {order.alone} --seed {order.seed}"
+            f"--alone {order.alone} --seed {order.seed} {shlex.join(extra)}".rstrip()
         )
     options = [a for a in extra if a not in ("-x", "--exitfirst")]
     failed: list[str] = []
