@@ -126,6 +126,32 @@ def test_builtin_backends_register_through_the_entry_point() -> None:
     assert registry.backends["memory"].factory.startswith("agent_stores.backends.memory:")
 
 
+def test_entry_points_of_another_class_still_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the importlib_metadata backport's finder on sys.meta_path, entry_points()
+    returns the backport's EntryPoint objects, not the stdlib's: they load all the same
+    (isinstance once made every plugin register nothing, so no URL scheme was known)."""
+    import agent_stores.plugins as plugins
+
+    real = plugins.entry_points(group=plugins.ENTRY_POINT_GROUP)
+
+    class ForeignEntryPoint:
+        """Quacks like an entry point; not ``importlib.metadata.EntryPoint``."""
+
+        def __init__(self, ep: object) -> None:
+            self._ep = ep
+            self.name, self.group, self.dist = ep.name, ep.group, ep.dist  # type: ignore[attr-defined]
+
+        def load(self) -> object:
+            return self._ep.load()  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(
+        plugins, "entry_points", lambda group: [ForeignEntryPoint(ep) for ep in real]
+    )
+    registry = load_registry(strict=True, disabled=set())
+    assert registry.backends["sqlite"].plugin == "builtin"
+    assert registry.backends["sqlite"].distribution == "agent-stores"
+
+
 def test_registering_does_not_import_backends() -> None:
     code = (
         "import sys; from agent_stores.plugins import load_registry; load_registry(); "

@@ -171,18 +171,23 @@ def load_registry(
     manager.add_hookspecs(hookspecs)
     registry = PluginRegistry(manager)
 
-    candidates: list[tuple[str, EntryPoint | object]] = [
-        (ep.name, ep) for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    # (name, entry point or None, plugin object or None). Entry points are told apart by
+    # where they came from, not by isinstance: with the importlib_metadata backport's finder
+    # on sys.meta_path (installed by some packages' imports, pytest runs included),
+    # entry_points() returns the backport's EntryPoint objects, which are not the stdlib's.
+    candidates: list[tuple[str, EntryPoint | None, object]] = [
+        (ep.name, ep, None)
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
     ]
-    candidates += list(extra_plugins or [])
-    for name, source in candidates:
+    candidates += [(name, None, plugin) for name, plugin in extra_plugins or []]
+    for name, entry_point, given in candidates:
         if name in disabled:
             registry.disabled.append(name)
             continue
-        dist = _dist_of(source) if isinstance(source, EntryPoint) else (None, None)
+        dist = _dist_of(entry_point) if entry_point is not None else (None, None)
         registry.plugin_distributions[name] = dist
         try:
-            plugin = source.load() if isinstance(source, EntryPoint) else source
+            plugin = entry_point.load() if entry_point is not None else given
             manager.register(plugin, name=name)
             single = manager.subset_hook_caller(
                 "register_backends",
