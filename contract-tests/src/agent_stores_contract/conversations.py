@@ -271,15 +271,6 @@ class ConversationContract(ContractBase):
         url = request.getfixturevalue("store_url")
         if "backend_ready" in request.fixturenames or hasattr(self, "backend_ready"):
             request.getfixturevalue("backend_ready")
-        import agent_stores
-
-        if not hasattr(agent_stores, "open_conversations"):
-            # TEMPORARY (issue 58): until agent_stores.open_conversations lands, the part has
-            # no store of ours to run on. Remove this guard with it.
-            pytest.skip(
-                f"{CAPABILITY_SKIP} open_conversations=False (agent_stores): this agent-stores "
-                "has no agent_stores.open_conversations yet"
-            )
         return NamedFactory(url_factory(url), worker_target=f"url={url}", store_url=url)
 
     @pytest.fixture
@@ -894,7 +885,7 @@ class ConversationContract(ContractBase):
     async def test_delete_never_releases_an_entry_a_fork_uses(
         self, conversations: ConversationTarget
     ) -> None:
-        """Deleting a conversation keeps every entry a fork's history or left branches reach (the fork loads whole, same entry ids, and can branch back); once the last record reaching them is deleted, every entry is released."""
+        """Deleting a conversation keeps every entry a fork's history or left branches reach (the fork loads whole, same entry ids, and can branch back), releases the others as the forks reaching them go, and all once the last record reaching them is deleted."""
         store, cid = conversations.store, conversations.cid("forked-source")
         await saved(store, cid, turns("a", "b", "c"))
         source = await entry_ids(store, cid)
@@ -919,10 +910,9 @@ class ConversationContract(ContractBase):
         back = await store.branch(whole, from_entry=source[-1], expected_revision=record.revision)
         assert texts(back.messages) == texts(turns("a", "b", "c"))
         await store.delete(whole)
-        # Entries past the fork point may stay while they share storage with what ``part``
-        # reaches (the ABC lets a backend keep what it cannot release safely); once the last
-        # record reaching any of them is deleted, all go.
+        # Only ``part`` reaches into the source now: what it does not reach is released.
         assert await entry_ids(store, part) == source[:3]
+        assert [e for e in source[3:] if not await is_released(store, e)] == []
         await store.delete(part)
         assert [e for e in source if not await is_released(store, e)] == []
 

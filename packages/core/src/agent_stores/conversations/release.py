@@ -8,8 +8,9 @@ first and then looks for the mark. The release then reads the pins that were the
 * none: every segment of the incarnation and the mark are deleted, and the pin this
   incarnation held in the conversation it was forked from is removed, which may release
   that one in turn;
-* some: only the segments holding no entry a pinned fork point reaches are deleted; the
-  rest stay until the last fork pinning them is deleted.
+* some: the entries no pinned fork point leads back to are released (a segment holding
+  none is deleted, one holding some is rewritten with those only); the rest stay until
+  the last fork pinning them is deleted.
 
 A release interrupted (a crash, the server gone) leaves only unreachable entries behind;
 the next release of the same incarnation, or ``doctor``, finishes it.
@@ -23,8 +24,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConflictError
-from ..kv.base import Create, Delete, Operation
-from .layout import Home, StoredEntry, decode_segment, joined_segments, part_key
+from ..kv.base import Create, Delete, Replace
+from .layout import (
+    Home,
+    StoredEntry,
+    decode_segment,
+    encode_segment,
+    joined_segments,
+    part_key,
+)
 
 if TYPE_CHECKING:
     from .store import KVConversationStore
@@ -99,10 +107,12 @@ class Releaser:
             reached = {
                 str(json.loads(item.entry.value)["at"]) for item in pins if item.entry is not None
             }
-            await self._delete(home, self._unreached(home, segments, reached))
+            await self._write(home, self._unreached(home, segments, reached))
             return None
-        await self._delete(
-            home, [(key, version) for key, _, version in segments] + [(gone_key, gone.version)]
+        await self._write(
+            home,
+            [Delete(key, version) for key, _, version in segments]
+            + [Delete(gone_key, gone.version)],
         )
         if parent is None:
             return None
@@ -111,8 +121,10 @@ class Releaser:
 
     def _unreached(
         self, home: Home, segments: Sequence[tuple[str, bytes, str]], reached: set[str]
-    ) -> list[tuple[str, str]]:
-        """The keys (with versions) of the segments holding no entry ``reached`` leads back to."""
+    ) -> list[Delete | Replace]:
+        """The writes that release every entry ``reached`` does not lead back to: a segment
+        holding none is deleted (with its parts), one holding some is rewritten with those
+        only (a segment in parts is kept whole: a message that large is rare)."""
         versions = {key: version for key, _, version in segments}
         decoded: dict[str, list[StoredEntry]] = {
             key: decode_segment(home.name, key, raw)
@@ -127,24 +139,29 @@ class Releaser:
             while walk is not None and walk in parents and walk not in kept:
                 kept.add(walk)
                 walk = parents[walk]
-        unreached: list[tuple[str, str]] = []
+        writes: list[Delete | Replace] = []
         for key, items in decoded.items():
-            if any(item.entry.id in kept for item in items):
-                continue
-            unreached.append((key, versions[key]))
-            index = 1
-            while part_key(key, index) in versions:
-                unreached.append((part_key(key, index), versions[part_key(key, index)]))
-                index += 1
-        return unreached
+            parts: list[str] = []
+            while part_key(key, len(parts) + 1) in versions:
+                parts.append(part_key(key, len(parts) + 1))
+            staying = [item for item in items if item.entry.id in kept]
+            if not staying:
+                writes += [Delete(k, versions[k]) for k in [key, *parts]]
+            elif len(staying) < len(items) and not parts:
+                value = encode_segment(staying)
+                if len(value) <= self.kv.limits.max_value_bytes:
+                    writes.append(Replace(key, value, versions[key]))
+        return writes
 
-    async def _delete(self, home: Home, keys: Sequence[tuple[str, str]]) -> None:
+    async def _write(self, home: Home, writes: Sequence[Delete | Replace]) -> None:
         if self.kv.capabilities.commit:
-            for start in range(0, len(keys), _BATCH):
-                ops: list[Operation] = [
-                    Delete(key, version) for key, version in keys[start : start + _BATCH]
-                ]
-                await self.kv.commit(home.owner, ops)
+            for start in range(0, len(writes), _BATCH):
+                await self.kv.commit(home.owner, list(writes[start : start + _BATCH]))
             return
-        for key, version in keys:
-            await self.kv.delete(home.owner, key, expected_version=version)
+        for op in writes:
+            if isinstance(op, Replace):
+                await self.kv.replace(
+                    home.owner, op.key, op.value, expected_version=op.expected_version
+                )
+            else:
+                await self.kv.delete(home.owner, op.key, expected_version=op.expected_version)
