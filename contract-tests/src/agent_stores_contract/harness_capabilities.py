@@ -358,3 +358,57 @@ class HarnessCapabilityContract(ContractBase):
         assert await steps.list_unresolved_tool_effects(run_id=f"{ns}-run-1") == []
         runs = await steps.list_runs(conversation_id=conversation)
         assert [r.run_id for r in runs] == [f"{ns}-run-1", f"{ns}-run-2"]
+
+    async def test_conversation_store_with_the_harness_capabilities(
+        self, clients: Callable[[], KVStore], ns: str
+    ) -> None:
+        """A conversation kept by this backend's Pydantic AI ConversationStore (load, run with
+        conversation=, save), its runs on an Agent with Memory, StepPersistence, ConversationSearch
+        and a sliding window over the same backend: every run is persisted under the conversation's
+        id, and its last run, loaded and run on another client, finds what the window dropped."""
+        from pydantic_ai.conversation import Conversation
+
+        conversation_id, owner = f"{ns}-chat", f"{ns}-user"
+        writer = clients()
+        await writer.setup()
+        prompts = [*CONVERSATION, "recall: locker code"]
+        script = Script()
+
+        def agent(client: KVStore) -> Agent[None, str]:
+            steps = self.step_store(client, ns)
+            built: Agent[None, str] = Agent(
+                FunctionModel(script),
+                capabilities=[
+                    Memory(store=self.memory_store(client, ns), namespace=owner),
+                    StepPersistence(store=steps),
+                    ConversationSearch(SnapshotHistorySource(steps), scope="conversation"),
+                    SlidingWindowCompaction(max_messages=4, keep_messages=4),
+                ],
+            )
+            built.tool_plain(pay)
+            return built
+
+        output = ""
+        for i, prompt in enumerate(prompts, 1):
+            # The last run on another client, as another worker of the app would take it.
+            client = writer if i < len(prompts) else clients()
+            store = connect(client).conversations(scope_prefix=f"{ns}:conversation:")
+            conversation = await store.load(conversation_id, scope=owner) or Conversation(
+                conversation_id=conversation_id
+            )
+            result = await agent(client).run(
+                prompt, conversation=conversation, run_id=f"{ns}-run-{i}"
+            )
+            await store.save(result, scope=owner)
+            output = result.output
+        assert "7731" not in script.seen[-2], "the sliding window kept the second run"
+        assert "the locker code is 7731" in output and f"run: {ns}-run-2" in output, output
+        runs = await self.step_store(clients(), ns).list_runs(conversation_id=conversation_id)
+        assert [r.run_id for r in runs] == [f"{ns}-run-{i}" for i in range(1, len(prompts) + 1)]
+        stored = (
+            await connect(clients())
+            .conversations(scope_prefix=f"{ns}:conversation:")
+            .load(conversation_id, scope=owner)
+        )
+        assert stored is not None and stored.conversation_id == conversation_id
+        assert "recall: locker code" in _text(stored.messages)
