@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConflictError
-from ..kv.base import Create, Delete, Replace
+from ..kv.base import Create, Delete, Operation, Replace
 from .layout import (
     Home,
     StoredEntry,
@@ -32,6 +32,7 @@ from .layout import (
     encode_segment,
     joined_segments,
     part_key,
+    split_parts,
 )
 
 if TYPE_CHECKING:
@@ -111,8 +112,8 @@ class Releaser:
             return None
         await self._write(
             home,
-            [Delete(key, version) for key, _, version in segments]
-            + [Delete(gone_key, gone.version)],
+            [[Delete(key, version)] for key, _, version in segments]
+            + [[Delete(gone_key, gone.version)]],
         )
         if parent is None:
             return None
@@ -121,10 +122,10 @@ class Releaser:
 
     def _unreached(
         self, home: Home, segments: Sequence[tuple[str, bytes, str]], reached: set[str]
-    ) -> list[Delete | Replace]:
+    ) -> list[list[Delete | Replace | Create]]:
         """The writes that release every entry ``reached`` does not lead back to: a segment
         holding none is deleted (with its parts), one holding some is rewritten with those
-        only (a segment in parts is kept whole: a message that large is rare)."""
+        only; one group of writes per segment, committed together."""
         versions = {key: version for key, _, version in segments}
         decoded: dict[str, list[StoredEntry]] = {
             key: decode_segment(home.name, key, raw)
@@ -139,29 +140,60 @@ class Releaser:
             while walk is not None and walk in parents and walk not in kept:
                 kept.add(walk)
                 walk = parents[walk]
-        writes: list[Delete | Replace] = []
+        writes: list[list[Delete | Replace | Create]] = []
         for key, items in decoded.items():
             parts: list[str] = []
             while part_key(key, len(parts) + 1) in versions:
                 parts.append(part_key(key, len(parts) + 1))
             staying = [item for item in items if item.entry.id in kept]
             if not staying:
-                writes += [Delete(k, versions[k]) for k in [key, *parts]]
-            elif len(staying) < len(items) and not parts:
-                value = encode_segment(staying)
-                if len(value) <= self.kv.limits.max_value_bytes:
-                    writes.append(Replace(key, value, versions[key]))
+                writes.append([Delete(k, versions[k]) for k in [key, *parts]])
+            elif len(staying) < len(items):
+                writes.append(self._rewritten(key, parts, versions, encode_segment(staying)))
+        return [group for group in writes if group]
+
+    def _rewritten(
+        self, key: str, parts: list[str], versions: dict[str, str], value: bytes
+    ) -> list[Delete | Replace | Create]:
+        """The writes that store ``value`` as segment ``key`` (in parts if it is large).
+
+        A segment in parts is rewritten only where one commit writes all its keys at once:
+        without ``commit``, a reader could meet the new header beside old parts, so it is
+        kept whole there (its other entries are released with it, later).
+        """
+        values = split_parts(value, self.kv.limits.max_value_bytes - 1024)
+        if (parts or len(values) > 1) and not self.kv.capabilities.commit:
+            return []
+        writes: list[Delete | Replace | Create] = [Replace(key, values[0], versions[key])]
+        for index in range(1, max(len(parts), len(values) - 1) + 1):
+            name = part_key(key, index)
+            if index < len(values) and index <= len(parts):
+                writes.append(Replace(name, values[index], versions[name]))
+            elif index < len(values):
+                writes.append(Create(name, values[index]))
+            else:
+                writes.append(Delete(name, versions[name]))
         return writes
 
-    async def _write(self, home: Home, writes: Sequence[Delete | Replace]) -> None:
+    async def _write(
+        self, home: Home, groups: Sequence[Sequence[Delete | Replace | Create]]
+    ) -> None:
         if self.kv.capabilities.commit:
-            for start in range(0, len(writes), _BATCH):
-                await self.kv.commit(home.owner, list(writes[start : start + _BATCH]))
+            batch: list[Operation] = []
+            for group in groups:
+                if batch and len(batch) + len(group) > _BATCH:
+                    await self.kv.commit(home.owner, batch)
+                    batch = []
+                batch += group  # a segment's writes never split across two commits
+            if batch:
+                await self.kv.commit(home.owner, batch)
             return
-        for op in writes:
+        for op in (op for group in groups for op in group):
             if isinstance(op, Replace):
                 await self.kv.replace(
                     home.owner, op.key, op.value, expected_version=op.expected_version
                 )
+            elif isinstance(op, Create):
+                await self.kv.create(home.owner, op.key, op.value)
             else:
                 await self.kv.delete(home.owner, op.key, expected_version=op.expected_version)
