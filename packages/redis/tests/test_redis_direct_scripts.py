@@ -92,10 +92,18 @@ async def test_scripts_are_packed_by_hiredis_into_redis_pys_bytes(
 
     packed: list[tuple[Any, ...]] = []
     real = hiredis.pack_command
+    comparing: list[bool] = []
 
     def spy(args: tuple[Any, ...]) -> bytes:
         out = real(args)
-        assert out == b"".join(Connection().pack_command(*args))
+        if comparing:
+            # redis-py's own packing, under way (redis-py 8.2 packs with hiredis too)
+            return out
+        comparing.append(True)
+        try:
+            assert out == b"".join(Connection().pack_command(*args))
+        finally:
+            comparing.pop()
         packed.append(args)
         return out
 
@@ -103,13 +111,18 @@ async def test_scripts_are_packed_by_hiredis_into_redis_pys_bytes(
     server = private_server()
     store = open_sessions(f"redis://127.0.0.1:{server.port}/0?prefix=hiredis")
     try:
+        # Only the scripts count: redis-py 8.2 packs its own commands (HELLO, CLIENT
+        # SETINFO, ...) with hiredis too.
+        def scripts() -> list[str]:
+            return [str(a[0]) for a in packed if str(a[0]) in {"EVALSHA", "EVAL"}]
+
         async with store.turn("s") as session:
             session.replace(pair("one"))  # the server learns the scripts (EVAL after NOSCRIPT)
-        assert packed and {str(a[0]) for a in packed} <= {"EVALSHA", "EVAL"}
+        assert scripts()
         packed.clear()
         async with store.turn("s") as session:
             session.replace([*session.messages, *pair("two")])
-        assert [str(a[0]) for a in packed] == ["EVALSHA", "EVALSHA"]  # acquire, save
+        assert scripts() == ["EVALSHA", "EVALSHA"]  # acquire, save
         assert len(await store.read_messages("s") or []) == 4
     finally:
         await store.aclose()
