@@ -1,8 +1,9 @@
 """agent-stores beside the anchors it replaces, in ONE process, trials interleaved.
 
-Run by ``nox -s bench`` in a Python 3.13 virtualenv holding the anchors at the versions
-the design brief names (``cortex-agent-sdk`` 0.5.0, ``pydantic-ai-harness`` 0.62.0 with its
-PostgreSQL/SQLite stores) beside agent-stores. On a shared 2-core machine only same-run
+Run by ``nox -s bench`` in a Python 3.13 virtualenv holding the anchors
+(``cortex-agent-sdk`` 0.5.0, the design brief's version; ``pydantic-ai-harness`` 0.75.0
+with its PostgreSQL/SQLite stores, the release agent-stores' harness extra installs
+beside: the brief's 0.62 no longer can) beside agent-stores. On a shared 2-core machine only same-run
 ratios mean anything, so every row times both libraries in the same process, against the
 same server, with the same data, alternating which goes first every trial (memory and
 step rows: every operation, so a disk whose fsync latency drifts weighs on both alike); a row's ratio
@@ -1550,7 +1551,7 @@ def markdown(
         "with the same data, alternating which goes first each trial. **Ratio** = agent-stores ÷",
         "anchor of the medians of all samples (below 1: agent-stores faster or smaller; for",
         "turns/s rows, above 1: agent-stores faster), with the min-max of the per-trial ratios.",
-        "Anchors: Cortex Agent SDK 0.5.0 `RedisSessionStore`; pydantic-ai-harness 0.62.0",
+        "Anchors: Cortex Agent SDK 0.5.0 `RedisSessionStore`; pydantic-ai-harness 0.75.0",
         "`PostgresMemoryStore` (asyncpg pool 1-5), `SqliteMemoryStore` on a WAL + `synchronous=NORMAL`",
         "connection (agent-stores' own SQLite setting), `PostgresStepStore`, `SqliteStepStore`",
         "(WAL + `synchronous=NORMAL` too).",
