@@ -378,3 +378,17 @@ async def test_conversations_of_another_store_are_copied_in_whole(tmp_path: Path
         # The fork's entries were written once, as its source's.
         fork_owner = fresh.layout.owner_scope("w")
         assert [i.key async for i in fresh.kv.iter_scan(fork_owner, prefix="e/")] == []
+
+
+async def test_a_save_too_large_for_one_commit_writes_entries_first(
+    counted: KVConversationStore,
+) -> None:
+    """A long history saved at once (about 3 MB) goes in several writes, the record last."""
+    kv = counted.kv
+    assert isinstance(kv, CountingKV)
+    history = [ModelRequest(parts=[UserPromptPart(f"{i} " + "w" * 300_000)]) for i in range(10)]
+    kv.reset_counts()
+    await counted.save(Conversation(conversation_id="huge", messages=history))
+    assert kv.calls["commit"] == 0 and kv.calls["create"] >= 2
+    loaded = await _twin(counted).load("huge")
+    assert loaded is not None and loaded.messages == history

@@ -68,6 +68,12 @@ _saving: contextvars.ContextVar[tuple[str, str | None] | None] = contextvars.Con
     "agent_stores_conversation_saving", default=None
 )
 
+#: The largest save committed in one request: past it (a long history saved at once, a
+#: large file), the entries go first and the record last. Well inside every backend's
+#: transaction (DynamoDB: 100 items, 4 MB; Firestore's emulator: 4 MB a request).
+_COMMIT_OPS = 50
+_COMMIT_BYTES = 2 << 20
+
 #: Attempts at a write whose KV version moved while its revision did not (an ``update``).
 _ATTEMPTS = 8
 
@@ -510,7 +516,10 @@ class KVConversationStore(KVBackedStore, ConversationStore):
         """Write the segment and the record: in one commit where the backend can, else
         the segment first and the record last (the commit point). The record's new version."""
         ops: list[Operation] = [record_op, *segment_ops]
-        if self.kv.capabilities.commit:
+        small = (
+            len(ops) <= _COMMIT_OPS and sum(len(op.value) for op in segment_ops) <= _COMMIT_BYTES
+        )
+        if self.kv.capabilities.commit and small:
             try:
                 versions = await self.kv.commit(owner, ops)
             except (ValueTooLargeError, UnsupportedError):
