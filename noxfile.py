@@ -1147,9 +1147,13 @@ def bench(session: nox.Session) -> None:
     requests of the admin walks over 1k and 10k scopes (``benchmarks/scope_walk.py``) and of
     one owner's session listing among 1k and 10k sessions (``benchmarks/catalog.py``) and
     forks of sessions with 10 and 10,000 messages (``benchmarks/forks.py``), added to
-    docs/benchmarks.md. The emulators' resident memory is watched meanwhile (the run stops
-    above a bound: ``scripts/servers/watch.py``) and their peaks printed and written in
-    docs/benchmarks.md's header. ``-- --quick``: short, nothing written."""
+    docs/benchmarks.md; and Pydantic AI's ConversationStore on every backend
+    (``benchmarks/conversations.py``: requests of load, save, fork and list, fork bytes,
+    turn time beside the session store and ``InMemoryConversationStore``), added to
+    docs/benchmarks.md and docs/requests.md. The emulators' resident memory is watched
+    meanwhile (the run stops above a bound: ``scripts/servers/watch.py``) and their peaks
+    printed and written in docs/benchmarks.md's header. ``-- --quick``: short, nothing
+    written."""
     _install(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
     venv = Path(".nox/bench-anchors")
@@ -1222,6 +1226,8 @@ def bench(session: nox.Session) -> None:
         session.run("python", "benchmarks/scope_walk.py", *quick, *recall_page, env=env)
         session.run("python", "benchmarks/catalog.py", *quick, *recall_page, env=env)
         session.run("python", "benchmarks/forks.py", *quick, *recall_page, env=env)
+        conversation_pages = [] if quick else [*recall_page, "--markdown", "docs/requests.md"]
+        session.run("python", "benchmarks/conversations.py", *quick, *conversation_pages, env=env)
 
 
 #: The line of docs/benchmarks.md's header saying the test servers' peak memory.
