@@ -184,39 +184,52 @@ def load_registry(
         if name in disabled:
             registry.disabled.append(name)
             continue
-        dist = _dist_of(entry_point) if entry_point is not None else (None, None)
-        registry.plugin_distributions[name] = dist
-        try:
-            plugin = entry_point.load() if entry_point is not None else given
-            manager.register(plugin, name=name)
-            single = manager.subset_hook_caller(
-                "register_backends",
-                remove_plugins=[p for p in manager.get_plugins() if p is not plugin],
-            )
-            single(register=_make_register(registry, name))
-        except Exception as exc:
-            if manager.has_plugin(name):
-                manager.unregister(name=name)
-            failure = PluginFailure(
-                name, dist[0], f"{type(exc).__name__}: {exc}", traceback.format_exc()
-            )
-            registry.failures.append(failure)
-            if strict:
-                raise PluginLoadError(
-                    detail=f"plugin {name!r} ({dist[0] or 'unknown distribution'}) failed to load: "
-                    f"{failure.error} (unset {STRICT_ENV} to skip broken plugins)"
-                ) from exc
-            warnings.warn(
-                f"agent-stores plugin {name!r} failed to load and was skipped: {failure.error}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            log.warning("plugin %r failed to load: %s", name, failure.error)
+        _load_plugin(registry, manager, name, entry_point, given, strict=strict)
     if strict and registry.clashes:
         raise PluginLoadError(
             detail="; ".join(clash.message() for clash in registry.clashes.values())
         )
     return registry
+
+
+def _load_plugin(
+    registry: PluginRegistry,
+    manager: pluggy.PluginManager,
+    name: str,
+    entry_point: EntryPoint | None,
+    given: object,
+    *,
+    strict: bool,
+) -> None:
+    """Register one plugin and its backends; a failure is recorded (raised when ``strict``)."""
+    dist = _dist_of(entry_point) if entry_point is not None else (None, None)
+    registry.plugin_distributions[name] = dist
+    try:
+        plugin = entry_point.load() if entry_point is not None else given
+        manager.register(plugin, name=name)
+        single = manager.subset_hook_caller(
+            "register_backends",
+            remove_plugins=[p for p in manager.get_plugins() if p is not plugin],
+        )
+        single(register=_make_register(registry, name))
+    except Exception as exc:
+        if manager.has_plugin(name):
+            manager.unregister(name=name)
+        failure = PluginFailure(
+            name, dist[0], f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        )
+        registry.failures.append(failure)
+        if strict:
+            raise PluginLoadError(
+                detail=f"plugin {name!r} ({dist[0] or 'unknown distribution'}) failed to load: "
+                f"{failure.error} (unset {STRICT_ENV} to skip broken plugins)"
+            ) from exc
+        warnings.warn(
+            f"agent-stores plugin {name!r} failed to load and was skipped: {failure.error}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        log.warning("plugin %r failed to load: %s", name, failure.error)
 
 
 _registry: PluginRegistry | None = None
