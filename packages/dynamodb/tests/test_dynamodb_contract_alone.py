@@ -9,20 +9,12 @@ fixture handed out clients nothing had set up.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 
 import pytest
 from agent_stores import StoreURL
+from agent_stores_contract.alone import ISSUE_59_SELECTIONS, run_selection_alone
 from dynamodb_test_support import REPO_ROOT, with_fresh_prefix
-
-#: The two selections of the issue, by name.
-SELECTIONS = [
-    "runs_kept_until_deleted_without_retention",
-    "catalog or owner or erase or retention or subject",
-]
 
 
 def on_a_new_table(url: str) -> str:
@@ -31,20 +23,8 @@ def on_a_new_table(url: str) -> str:
     return parsed.set(host=f"agent-stores-alone-{uuid.uuid4().hex[:12]}").render_with_secrets()
 
 
-@pytest.mark.parametrize("selection", SELECTIONS)
+@pytest.mark.parametrize("selection", ISSUE_59_SELECTIONS)
 def test_selection_passes_alone_on_a_new_table(dynamodb_base_url: str, selection: str) -> None:
     """The selection, alone in its own process on a table never created, passes."""
-    env = {**os.environ, "AGENT_STORES_CONTRACT_URL": on_a_new_table(dynamodb_base_url)}
-    suite = ["--pyargs", "agent_stores_contract.suite", "-k", selection]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *suite],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        check=False,
-    )
-    tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
-    assert done.returncode == 0, f"-k {selection!r} failed alone:\n{tail}"
-    assert " passed" in done.stdout and "error" not in done.stdout.splitlines()[-1], tail
+    done = run_selection_alone(on_a_new_table(dynamodb_base_url), selection, cwd=REPO_ROOT)
+    assert done.passed, f"-k {selection!r} failed alone:\n{done.tail}"
