@@ -10,6 +10,7 @@ import agent_stores
 import pytest
 from agent_stores.sessions import SessionStore
 from agent_stores.sessions.errors import InvalidSessionError
+from agent_stores.sessions.info import SessionInfo
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
@@ -111,3 +112,28 @@ async def test_another_conversation_cannot_be_saved_as_the_session(sessions: Ses
         with pytest.raises(InvalidSessionError, match="cannot be saved as session 'mine'"):
             session.save(result)
         assert not session.changed
+
+
+async def _paused_session(url: str) -> SessionInfo | None:
+    agent = _agent()
+    async with agent_stores.open_sessions(url) as sessions:
+        async with sessions.turn("shown") as session:
+            session.save(await agent.run("book friday", conversation=session.conversation))
+        return await sessions.inspect("shown")
+
+
+def test_inspect_and_the_cli_show_usage_and_pending_deferred_calls(tmp_path: Path) -> None:
+    import asyncio
+
+    from agent_stores.cli import cli
+    from click.testing import CliRunner
+
+    url = f"sqlite:///{tmp_path / 'shown.db'}"
+    info = asyncio.run(_paused_session(url))
+    assert info is not None and info.usage["requests"] == 1
+    assert info.pending_deferred == (("book", "b1", "approval"),)
+    shown = CliRunner().invoke(cli, ["sessions", url, "show", "shown"])
+    assert shown.exit_code == 0, shown.output
+    assert "usage        1 requests" in shown.output
+    assert "deferred     book (call b1) waits for approval" in shown.output
+    assert "friday" not in shown.output  # never a call's arguments

@@ -59,6 +59,11 @@ def _as_dict(info: SessionInfo) -> dict[str, Any]:
         "tags": list(info.tags),
         "forked_from": info.forked_from,
         "fork_point": info.fork_point,
+        "usage": info.usage,
+        "pending_deferred": [
+            {"tool_name": name, "tool_call_id": call_id, "kind": kind}
+            for name, call_id, kind in info.pending_deferred
+        ],
     }
 
 
@@ -228,6 +233,13 @@ async def show(target: Target, session_id: str, show_messages: bool, as_json: bo
     if info.forked_from is not None:
         click.echo(f"forked from  {info.forked_from} (its first {info.fork_point} messages)")
     click.echo(f"updated      {_when(info.updated_at)}; expires {_when(info.expires_at)}")
+    if info.usage:
+        click.echo(
+            f"usage        {info.usage.get('requests', 0)} requests, "
+            f"{info.usage.get('input_tokens', 0)}+{info.usage.get('output_tokens', 0)} tokens"
+        )
+    for name, call_id, kind in info.pending_deferred:
+        click.echo(f"deferred     {name} (call {call_id}) waits for {kind}")
     if info.pending_effects:
         click.echo(
             f"RECOVERY     required since {_when(info.recovery_since)}; pending effect calls:"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import EffectCall
 
@@ -45,6 +46,12 @@ class SessionInfo:
     """The session this one was forked from (``SessionStore.fork``), if it was."""
     fork_point: int | None = None
     """How many of the source's messages the fork started with."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """The conversation's running usage as ``session.save(result)`` kept it (JSON: requests,
+    input_tokens, output_tokens, tool_calls, …); empty for a session only ever replaced."""
+    pending_deferred: tuple[tuple[str, str, str], ...] = ()
+    """The deferred tool calls the last saved run paused on: (tool name, call id, ``approval``
+    or ``external``), never their arguments."""
 
     @property
     def recovery_required(self) -> bool:

@@ -2048,6 +2048,7 @@ class KVSessionStorage:
             tags=tuple((header.catalog or {}).get("tags") or ()),
             forked_from=None if header.lineage is None else header.lineage.get("source"),
             fork_point=None if header.lineage is None else header.lineage.get("count"),
+            **_conversation_summary(header.extra),
         )
 
     async def exists(self, session_id: str) -> bool:
@@ -2723,3 +2724,20 @@ def _dropped(old: Sequence[ChunkRef], new: Sequence[ChunkRef]) -> list[ChunkRef]
 
 class _MissingChunk(Exception):
     """A chunk part referenced by the state is absent (raised internally, then classified)."""
+
+
+def _conversation_summary(extra: dict[str, Any]) -> dict[str, Any]:
+    """``SessionInfo``'s usage and pending deferred calls from the header (JSON only: a
+    listing never imports Pydantic AI), never a call's arguments."""
+    kept = extra.get("conversation")
+    if not isinstance(kept, dict):
+        return {}
+    deferred = kept.get("deferred") if isinstance(kept.get("deferred"), dict) else {}
+    pending = tuple(
+        (str(call.get("tool_name", "")), str(call.get("tool_call_id", "")), kind)
+        for kind, field_name in (("approval", "approvals"), ("external", "calls"))
+        for call in (deferred or {}).get(field_name) or ()
+        if isinstance(call, dict)
+    )
+    usage = kept.get("usage")
+    return {"usage": dict(usage) if isinstance(usage, dict) else {}, "pending_deferred": pending}
