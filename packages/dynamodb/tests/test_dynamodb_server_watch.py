@@ -202,8 +202,8 @@ def test_the_moto_server_is_watched_and_tracks_no_model_objects() -> None:
     TransactWriteItems, so after writes it lists no DynamoDB objects at all."""
     server = load_server_module()
     if not server.available():
-        pytest.skip(f"moto's server is not installed: {server.INSTALL_HINT}")
-    boto3 = pytest.importorskip("boto3")
+        pytest.fail(f"install moto's server: {server.INSTALL_HINT}")
+    import boto3
     watch = load_watch()
     with server.dynamodb_server() as urls:
         watched = watch.WATCHES[-1]
