@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptRecordError
 from ..kv.base import KVStore
-from .errors import ConversationDamagedError
-from .layout import Home, decode_record, decode_segment, joined_segments, kv_name
+from .layout import Home, decode_record_named, decode_segment, joined_segments
 from .store import KVConversationStore
 
 REPAIR = "quarantine the record (and its damaged segments): the conversation reads as absent"
@@ -80,8 +79,7 @@ async def _check_record(
 ) -> Damage | None:
     name = key[len("r/") :]
     try:
-        conversation_id = _id_of(raw, name)
-        stored = decode_record(conversation_id, raw)
+        stored = decode_record_named(name, raw)
     except CorruptRecordError as exc:
         return Damage(key, "undecodable", exc.detail)
     home = Home(owner, name, stored.inc)
@@ -94,19 +92,7 @@ async def _check_record(
         return Damage(
             key,
             "missing-chunk" if isinstance(exc, KeyError) else "damaged-chunk",
-            f"conversation {conversation_id!r}: its history cannot be read: {detail}",
+            f"conversation {stored.record.conversation_id!r}: its history cannot be read: {detail}",
             own_bad,
         )
     return None
-
-
-def _id_of(raw: bytes, name: str) -> str:
-    import json
-
-    try:
-        found = json.loads(raw).get("id")
-    except (ValueError, AttributeError):
-        raise ConversationDamagedError(name, "its record is not a JSON object") from None
-    if not isinstance(found, str) or kv_name(found) != name:
-        raise ConversationDamagedError(name, f"its record names conversation {found!r}")
-    return found

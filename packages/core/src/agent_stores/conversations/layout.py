@@ -197,6 +197,18 @@ def decode_record(conversation_id: str, raw: bytes) -> StoredRecord:
         ) from None
 
 
+def decode_record_named(name: str, raw: bytes) -> StoredRecord:
+    """The record stored under KV name ``name`` (read by a scan, its id not known yet);
+    ``ConversationDamagedError`` when it names a conversation that is not stored there."""
+    try:
+        found = json.loads(raw).get("id")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        raise ConversationDamagedError(name, "its record is not a JSON object") from None
+    if not isinstance(found, str) or kv_name(found) != name:
+        raise ConversationDamagedError(name, f"its record names conversation {found!r}")
+    return decode_record(found, raw)
+
+
 def _record_from(body: dict[str, Any]) -> StoredRecord:
     deferred = body["deferred"]
     record = ConversationRecord(

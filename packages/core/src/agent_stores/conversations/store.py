@@ -48,6 +48,7 @@ from .layout import (
     StoredEntry,
     StoredRecord,
     decode_record,
+    decode_record_named,
     decode_segment,
     encode_record,
     encode_segment,
@@ -167,11 +168,6 @@ class KVConversationStore(KVBackedStore, ConversationStore):
         found = await self._locate(conversation_id)
         return None if found is None else self._decode(conversation_id, found).record
 
-    async def read_stored(self, conversation_id: str) -> StoredRecord | None:
-        """The record with where its entries live, read from the database (admin and tests)."""
-        found = await self._locate(conversation_id)
-        return None if found is None else self._decode(conversation_id, found)
-
     async def read_records(
         self, *, scope: str | None = None, limit: int | None = None
     ) -> Sequence[ConversationRecord]:
@@ -191,14 +187,8 @@ class KVConversationStore(KVBackedStore, ConversationStore):
 
     def _listed(self, owner: str, key: str, raw: bytes) -> ConversationRecord | None:
         try:
-            body = json.loads(raw)
-            conversation_id = str(body["id"])
-            if self.layout.record_key(kv_name(conversation_id)) != key:
-                raise ConversationDamagedError(
-                    key[len("r/") :], f"its record names conversation {conversation_id!r}"
-                )
-            return decode_record(conversation_id, raw).record
-        except (ValueError, KeyError, TypeError, ConversationDamagedError) as exc:
+            return decode_record_named(key[len("r/") :], raw).record
+        except ConversationDamagedError as exc:
             # One damaged record must not hide the others; doctor reports and quarantines it.
             log.warning("conversation record %s in %s skipped: %s", key, owner, exc)
             return None
@@ -250,7 +240,7 @@ class KVConversationStore(KVBackedStore, ConversationStore):
                 current = await self._locate(conversation_id)
                 continue
             self._records.set(conversation_id, _Cached(current.owner, raw, version))
-            return self._decode(conversation_id, _Cached(current.owner, raw, version)).record
+            return changed  # a fresh object: the cache keeps bytes
         raise ConversationConflict(conversation_id)
 
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
