@@ -204,6 +204,7 @@ def test_the_moto_server_is_watched_and_tracks_no_model_objects() -> None:
     if not server.available():
         pytest.fail(f"install moto's server: {server.INSTALL_HINT}")
     import boto3
+
     watch = load_watch()
     with server.dynamodb_server() as urls:
         watched = watch.WATCHES[-1]
